@@ -1,0 +1,69 @@
+package nccl
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sync"
+)
+
+// Subsys is NCCL's debug subsystem mask (NCCL_DEBUG_SUBSYS).
+type Subsys uint64
+
+const (
+	SubsysInit      Subsys = 0x1
+	SubsysP2P       Subsys = 0x4
+	SubsysNet       Subsys = 0x10
+	SubsysEnv       Subsys = 0x80
+	SubsysProxy     Subsys = 0x400
+	SubsysBootstrap Subsys = 0x1000
+	SubsysReg       Subsys = 0x2000
+	SubsysProfile   Subsys = 0x4000
+	SubsysAll       Subsys = ^Subsys(0)
+)
+
+// Logger writes through NCCL's logger, so messages obey NCCL_DEBUG and
+// NCCL_DEBUG_SUBSYS and land where the user already looks. The glue provides it;
+// a WARN should say what was wrong and what to set.
+type Logger interface {
+	Warnf(format string, args ...any)
+	Infof(sub Subsys, format string, args ...any)
+	Tracef(sub Subsys, format string, args ...any)
+}
+
+// WriterLogger is a Logger for tests and tools that prints "NET/<prefix> ..."
+// lines to W. Trace lines are dropped unless Trace is set.
+type WriterLogger struct {
+	mu     sync.Mutex
+	W      io.Writer
+	Prefix string
+	Trace  bool
+}
+
+// NewStderrLogger returns a WriterLogger on standard error.
+func NewStderrLogger(prefix string) *WriterLogger {
+	return &WriterLogger{W: os.Stderr, Prefix: prefix}
+}
+
+func (l *WriterLogger) printf(level, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(l.W, "%s %s %s\n", level, l.Prefix, fmt.Sprintf(format, args...))
+}
+
+func (l *WriterLogger) Warnf(format string, args ...any) { l.printf("WARN", format, args...) }
+func (l *WriterLogger) Infof(_ Subsys, format string, args ...any) {
+	l.printf("INFO", format, args...)
+}
+func (l *WriterLogger) Tracef(_ Subsys, format string, args ...any) {
+	if l.Trace {
+		l.printf("TRACE", format, args...)
+	}
+}
+
+// DiscardLogger drops everything.
+type DiscardLogger struct{}
+
+func (DiscardLogger) Warnf(string, ...any)          {}
+func (DiscardLogger) Infof(Subsys, string, ...any)  {}
+func (DiscardLogger) Tracef(Subsys, string, ...any) {}

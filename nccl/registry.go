@@ -1,0 +1,55 @@
+package nccl
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// Factory makes a fresh, uninitialised transport.
+type Factory func() Transport
+
+// Registration is one registered transport.
+type Registration struct {
+	Name     string
+	Priority int // lower is tried first
+	New      Factory
+}
+
+var registry struct {
+	sync.Mutex
+	regs []Registration
+}
+
+// Register adds a transport. The plugin tries transports in ascending priority
+// (the default library registers ib at 10 and socket at 100) and uses the first
+// whose Init succeeds with at least one device; NCCL_GO_TRANSPORT=<name> forces
+// one. Registering a name twice panics: it is a programming error caught at load.
+func Register(name string, priority int, f Factory) {
+	registry.Lock()
+	defer registry.Unlock()
+	for _, r := range registry.regs {
+		if r.Name == name {
+			panic(fmt.Sprintf("nccl: transport %q registered twice", name))
+		}
+	}
+	registry.regs = append(registry.regs, Registration{Name: name, Priority: priority, New: f})
+	sort.SliceStable(registry.regs, func(i, j int) bool { return registry.regs[i].Priority < registry.regs[j].Priority })
+}
+
+// Transports lists registrations in the order the plugin tries them.
+func Transports() []Registration {
+	registry.Lock()
+	defer registry.Unlock()
+	return append([]Registration(nil), registry.regs...)
+}
+
+// Lookup returns the registration called name.
+func Lookup(name string) (Registration, bool) {
+	for _, r := range Transports() {
+		if r.Name == name {
+			return r, true
+		}
+	}
+	return Registration{}, false
+}

@@ -1,0 +1,74 @@
+package nccl
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Result mirrors NCCL's ncclResult_t.
+type Result int32
+
+// Values of ncclResult_t.
+const (
+	Success            Result = 0
+	UnhandledCudaError Result = 1
+	SystemError        Result = 2 // network or OS failure
+	InternalError      Result = 3 // misuse by NCCL core, or a plugin bug
+	InvalidArgument    Result = 4
+	InvalidUsage       Result = 5 // user error (e.g. a send larger than the posted receive)
+	RemoteError        Result = 6 // the peer or the fabric failed
+	InProgress         Result = 7
+	Timeout            Result = 8 // NCCL 2.30+; older NCCL treats unknown codes as errors
+)
+
+var resultNames = [...]string{"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError",
+	"ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError",
+	"ncclInProgress", "ncclTimeout"}
+
+func (r Result) String() string {
+	if r >= 0 && int(r) < len(resultNames) {
+		return resultNames[r]
+	}
+	return fmt.Sprintf("ncclResult(%d)", int32(r))
+}
+
+// Error is an error that knows which ncclResult_t it maps to. Transports return
+// it so that the glue reports the right code; any other error maps to
+// InternalError.
+type Error struct {
+	Code Result
+	Msg  string
+	Err  error // optional cause
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return e.Msg + ": " + e.Err.Error()
+	}
+	return e.Msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf builds an *Error with a formatted message. A %w verb wraps its operand.
+func Errorf(code Result, format string, args ...any) error {
+	err := fmt.Errorf(format, args...)
+	return &Error{Code: code, Msg: err.Error(), Err: errors.Unwrap(err)}
+}
+
+// ResultOf maps an error to the ncclResult_t the glue returns to NCCL.
+func ResultOf(err error) Result {
+	if err == nil {
+		return Success
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return InternalError
+}
+
+// ErrNoDevice is returned by Transport.Init when the transport has nothing usable
+// on this host (no RDMA port, no interface matching NCCL_SOCKET_IFNAME, ...). The
+// glue then falls back to the next registered transport.
+var ErrNoDevice = &Error{Code: SystemError, Msg: "no usable device"}
