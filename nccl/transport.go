@@ -111,3 +111,9 @@ type RecvComm interface {
 	// for flush requests and when NCCL passed no array).
 	Test(r Request, sizes []int) (done bool, err error)
 }
+
+// PeerAddresser is implemented by comms that know their peer's address; the glue
+// names it in WARNs (stalled requests, failures) so users can find the other end.
+type PeerAddresser interface {
+	PeerAddr() string
+}

@@ -68,12 +68,13 @@ type ConnectOptions struct {
 type MemHandle uintptr
 
 // Request identifies an in-flight operation inside one comm. A transport chooses
-// the values, from 0 to MaxRequestID; NoRequest means "cannot start now, retry".
+// the values, from 0 to MaxRequestID (the glue keeps per-request state in a
+// table of that size per comm); NoRequest means "cannot start now, retry".
 type Request int32
 
 const (
 	NoRequest    Request = -1
-	MaxRequestID Request = 4095
+	MaxRequestID Request = 1023
 )
 
 // RecvBuffer is one buffer of a (possibly grouped) receive. For Iflush, Size is

@@ -1,0 +1,36 @@
+# The plugin glue and the default library.
+GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' -not -path './.rdma/*' 2>/dev/null) \
+              $(wildcard plugin/*.c plugin/*.h plugin/exports.map nccl/include/*.h) go.mod
+SO_V9V10 := $(BUILD)/libnccl-net-go-v9v10.so
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+
+$(SO): $(GO_SOURCES) scripts/build-plugin.sh
+	scripts/build-plugin.sh --name Go --out $@ ./cmd/libnccl-net-go
+
+# A build exporting only ncclNetPlugin_v10 and _v9, so NCCL's adapters for older
+# plugin versions get exercised by real NCCL too.
+$(SO_V9V10): $(GO_SOURCES) scripts/build-plugin.sh
+	scripts/build-plugin.sh --name Go --only-v9-v10 --out $@ ./cmd/libnccl-net-go
+
+.PHONY: install go-test go-vet abi-check
+install: $(SO)
+	install -d $(DESTDIR)$(LIBDIR)
+	install -m 0755 $(SO) $(DESTDIR)$(LIBDIR)/libnccl-net-go.so
+	ln -sf libnccl-net-go.so $(DESTDIR)$(LIBDIR)/libnccl-net.so
+	@echo "installed $(DESTDIR)$(LIBDIR)/libnccl-net-go.so (+ libnccl-net.so link)"
+
+go-vet:
+	$(GO) vet ./...
+
+go-test: go-vet
+	$(GO) test -race -count=1 ./...
+
+# The library must export the plugin tables and nothing else, and be marked
+# NODELETE so NCCL's dlclose cannot unload the Go runtime.
+abi-check: $(SO) $(SO_V9V10)
+	scripts/abi-check.sh $(SO) ncclNetPlugin_v8 ncclNetPlugin_v9 ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12
+	scripts/abi-check.sh $(SO_V9V10) ncclNetPlugin_v9 ncclNetPlugin_v10
+
+TEST_TARGETS += go-test abi-check
+APT_PACKAGES += binutils gcc

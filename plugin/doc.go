@@ -1,0 +1,17 @@
+// Package plugin is the only code that knows NCCL's C ABI. It defines the
+// exported tables ncclNetPlugin_v8 … ncclNetPlugin_v12 (tables.c), adapts every
+// API version onto one Go implementation, and drives the transport chosen from
+// the nccl registry.
+//
+// What it guarantees to transports (see docs/extending.md):
+//   - comms, requests and memory handles cross into C as integer slots, never Go
+//     pointers; a stale or forged handle is rejected with ncclInternalError;
+//   - every exported entry recovers panics into ncclInternalError with a WARN;
+//   - real initialisation runs once however many communicators call init (v11+
+//     refcount with finalize; v10 and older tolerate init again);
+//   - every request is counted per device in package metrics, stalled requests
+//     are reported, and NCCL's profiler (v10+) sees start/stop of each request.
+//
+// Import it for its side effects from a main package built with
+// -buildmode=c-shared (scripts/build-plugin.sh does it).
+package plugin

@@ -1,0 +1,544 @@
+package plugin
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/metrics"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// fakeTransport completes sends immediately and receives after complete() is
+// called; it records what the glue asked of it.
+type fakeTransport struct {
+	name      string
+	initErr   error
+	devs      int
+	inits     int
+	finals    int
+	props     nccl.Properties
+	panicTest bool
+}
+
+func (f *fakeTransport) Name() string { return f.name }
+func (f *fakeTransport) Init(nccl.InitContext) error {
+	f.inits++
+	return f.initErr
+}
+func (f *fakeTransport) Devices() int { return f.devs }
+func (f *fakeTransport) Properties(dev int) (nccl.Properties, error) {
+	p := f.props
+	if p.Name == "" {
+		p.Name = fmt.Sprintf("fake%d", dev)
+	}
+	return p, nil
+}
+func (f *fakeTransport) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
+	return &fakeListener{t: f}, nil
+}
+func (f *fakeTransport) Connect(dev int, h *nccl.Handle, o nccl.ConnectOptions) (nccl.SendComm, error) {
+	if h[0] == 0 { // first call: "in progress", as a real transport may answer
+		h[0] = 1
+		return nil, nil
+	}
+	return &fakeSend{t: f}, nil
+}
+func (f *fakeTransport) Finalize() error { f.finals++; return nil }
+
+type fakeListener struct{ t *fakeTransport }
+
+func (l *fakeListener) Accept() (nccl.RecvComm, error) { return &fakeRecv{t: l.t}, nil }
+func (l *fakeListener) Close() error                   { return nil }
+
+type fakeSend struct {
+	t      *fakeTransport
+	next   nccl.Request
+	sizes  [nccl.MaxRequestID + 1]int
+	retry  bool
+	badID  bool
+	closed bool
+}
+
+func (s *fakeSend) RegMr(unsafe.Pointer, int, nccl.PtrType) (nccl.MemHandle, error) { return 7, nil }
+func (s *fakeSend) DeregMr(nccl.MemHandle) error                                    { return nil }
+func (s *fakeSend) Close() error                                                    { s.closed = true; return nil }
+func (s *fakeSend) PeerAddr() string                                                { return "10.0.0.2:1234" }
+func (s *fakeSend) Isend(data unsafe.Pointer, size, tag int, mh nccl.MemHandle) (nccl.Request, error) {
+	if s.retry {
+		return nccl.NoRequest, nil
+	}
+	if s.badID {
+		return nccl.MaxRequestID + 1, nil
+	}
+	id := s.next
+	s.next = (s.next + 1) % 32
+	s.sizes[id] = size
+	return id, nil
+}
+func (s *fakeSend) Test(r nccl.Request) (bool, int, error) {
+	if s.t.panicTest {
+		panic("boom")
+	}
+	return true, s.sizes[r], nil
+}
+
+type fakeRecv struct {
+	t       *fakeTransport
+	next    nccl.Request
+	done    bool
+	fail    error
+	posted  [nccl.MaxRequestID + 1][]int
+	flushes int
+}
+
+func (r *fakeRecv) RegMr(unsafe.Pointer, int, nccl.PtrType) (nccl.MemHandle, error) { return 9, nil }
+func (r *fakeRecv) DeregMr(nccl.MemHandle) error                                    { return nil }
+func (r *fakeRecv) Close() error                                                    { return nil }
+func (r *fakeRecv) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
+	id := r.next
+	r.next = (r.next + 1) % 32
+	r.posted[id] = r.posted[id][:0]
+	for _, b := range bufs {
+		r.posted[id] = append(r.posted[id], b.Size/2) // "peer sent half of each buffer"
+	}
+	return id, nil
+}
+func (r *fakeRecv) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
+	r.flushes++
+	if bufs[0].Size == 0 {
+		return nccl.NoRequest, nil
+	}
+	return 100, nil
+}
+func (r *fakeRecv) Test(id nccl.Request, sizes []int) (bool, error) {
+	if r.fail != nil {
+		return false, r.fail
+	}
+	if !r.done {
+		return false, nil
+	}
+	copy(sizes, r.posted[id])
+	return true, nil
+}
+
+type captureSink struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (c *captureSink) log(level int, _ uint64, msg string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lines = append(c.lines, fmt.Sprintf("%d %s", level, msg))
+}
+
+func (c *captureSink) warns() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var w []string
+	for _, l := range c.lines {
+		if strings.HasPrefix(l, "2 ") {
+			w = append(w, l[2:])
+		}
+	}
+	return w
+}
+
+var testRegs struct {
+	sync.Mutex
+	current map[string]*fakeTransport
+}
+
+// withTransports registers fakes under unique names (the registry is
+// process-wide and refuses duplicates) and forces them via NCCL_GO_TRANSPORT or
+// priority; it returns a cleanup that finalizes the glue.
+func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captureSink {
+	t.Helper()
+	sink := &captureSink{}
+	setSink(sink)
+	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	t.Cleanup(func() {
+		state.mu.Lock()
+		state.ready, state.transport, state.ctxRefs = false, nil, 0
+		state.mu.Unlock()
+		nccl.SetEnvLookup(nil)
+		currentSink.Store(nil)
+	})
+	return sink
+}
+
+var regSeq int
+
+func register(f *fakeTransport, prio int) string {
+	testRegs.Lock()
+	defer testRegs.Unlock()
+	regSeq++
+	name := fmt.Sprintf("%s-%d", f.name, regSeq)
+	f.name = name
+	nccl.Register(name, prio, func() nccl.Transport { return f })
+	return name
+}
+
+func initWith(t *testing.T, f *fakeTransport) *captureSink {
+	name := register(f, 1000+regSeq)
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_DEBUG": "INFO"})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	return sink
+}
+
+func TestHandlesAreNeverNullOrOneAndRoundTrip(t *testing.T) {
+	for _, tag := range []uint8{tagSend, tagRecv, tagListen, tagCtx} {
+		h := commHandle(tag, 1, 0)
+		assert.Greater(t, uint64(h), uint64(1))
+		gt, gg, gs := splitCommHandle(commHandle(tag, 0xdeadbeef, 0xabcde))
+		assert.Equal(t, tag, gt)
+		assert.Equal(t, uint32(0xdeadbeef), gg)
+		assert.Equal(t, uint32(0xabcde), gs)
+	}
+	r := requestHandle(0x12345, 77, 1023, true)
+	ok, g, s, id, fl := splitRequestHandle(r)
+	assert.True(t, ok)
+	assert.Equal(t, uint32(0x2345), g)
+	assert.Equal(t, uint32(77), s)
+	assert.Equal(t, int32(1023), id)
+	assert.True(t, fl)
+	ok, _, _, _, _ = splitRequestHandle(1)
+	assert.False(t, ok, "0x1 (NCCL's LL marker) must not decode as a request")
+}
+
+func TestSlotTableReuseBumpsGeneration(t *testing.T) {
+	var tab slotTable[int]
+	a, b := 1, 2
+	s1, g1, ok := tab.add(&a)
+	require.True(t, ok)
+	require.True(t, tab.remove(s1, &a))
+	assert.False(t, tab.remove(s1, &a), "double remove")
+	s2, g2, ok := tab.add(&b)
+	require.True(t, ok)
+	assert.Equal(t, s1, s2, "freed slot is reused")
+	assert.NotEqual(t, g1, g2, "with a new generation")
+	assert.Equal(t, &b, tab.get(s2))
+	assert.Nil(t, tab.get(maxSlots+5))
+}
+
+func TestInitOnceAndV11Refcount(t *testing.T) {
+	f := &fakeTransport{name: "refc", devs: 1}
+	name := register(f, 2000)
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	c1, res := netInit(11, true, -1)
+	require.Equal(t, nccl.Success, res)
+	c2, res := netInit(11, true, 3)
+	require.Equal(t, nccl.Success, res)
+	assert.NotEqual(t, c1, c2)
+	assert.Equal(t, 1, f.inits, "real set-up runs once")
+	tc, err := trafficClassOf(c2)
+	require.NoError(t, err)
+	assert.Equal(t, 3, tc, "v11 config travels with the context")
+	require.Equal(t, nccl.Success, netFinalize(c1))
+	assert.Equal(t, 0, f.finals, "still one communicator")
+	assert.Equal(t, nccl.InternalError, netFinalize(c1), "finalize twice is caught")
+	require.Equal(t, nccl.Success, netFinalize(c2))
+	assert.Equal(t, 1, f.finals)
+	// NCCL 2.28+ "unloads" and loads again: init must work once more.
+	c3, res := netInit(11, true, -1)
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, 2, f.inits)
+	require.Equal(t, nccl.Success, netFinalize(c3))
+}
+
+func TestV10InitAgainWithoutFinalize(t *testing.T) {
+	f := &fakeTransport{name: "v10", devs: 2}
+	initWith(t, f)
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, 1, f.inits)
+	n, res := netDevices()
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, 2, n)
+}
+
+func TestFallbackToNextTransportOnNoDevice(t *testing.T) {
+	ib := &fakeTransport{name: "noib", initErr: fmt.Errorf("%w: no RDMA port", nccl.ErrNoDevice)}
+	sock := &fakeTransport{name: "sock", devs: 1}
+	// Priorities below every other test's so these two are tried first.
+	register(ib, -200)
+	register(sock, -100)
+	sink := setup(t, map[string]string{"NCCL_DEBUG": "INFO"})
+	_, res := netInit(9, false, -1)
+	require.Equal(t, nccl.Success, res)
+	tr, _ := readyTransport()
+	assert.Equal(t, sock.name, tr.Name())
+	assert.Empty(t, sink.warns(), "missing RDMA is not a warning")
+	joined := strings.Join(sink.lines, "\n")
+	assert.Contains(t, joined, "transport "+sock.name)
+	assert.Contains(t, joined, "NCCL net API v9", "the init INFO line names the API version")
+}
+
+func TestUnknownForcedTransportIsAClearError(t *testing.T) {
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": "nope"})
+	_, res := netInit(10, false, -1)
+	assert.Equal(t, nccl.InvalidArgument, res)
+	require.NotEmpty(t, sink.warns())
+	assert.Contains(t, sink.warns()[0], "NCCL_GO_TRANSPORT=nope")
+}
+
+func TestZeroDevicesFailsInit(t *testing.T) {
+	f := &fakeTransport{name: "zero", devs: 0}
+	name := register(f, 3000)
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	_, res := netInit(10, false, -1)
+	assert.Equal(t, nccl.SystemError, res, "NCCL must never see devices()==0 from an initialised plugin")
+	assert.Equal(t, 1, f.finals)
+}
+
+func TestPropertiesAreMadeValid(t *testing.T) {
+	initWith(t, &fakeTransport{name: "props", devs: 1})
+	p, res := netProperties(0)
+	require.Equal(t, nccl.Success, res)
+	assert.EqualValues(t, nccl.MaxNetSizeBytes, p.MaxP2PBytes)
+	assert.EqualValues(t, nccl.MaxCollSize, p.MaxCollBytes)
+	assert.Equal(t, []int{0}, p.VDevs)
+	assert.Equal(t, 1, p.MaxRecvs)
+	assert.Equal(t, 1, p.MaxMultiRequestSize)
+	assert.Equal(t, nccl.PtrHost, p.PtrSupport)
+	_, res = netProperties(5)
+	assert.Equal(t, nccl.InvalidArgument, res)
+}
+
+func TestMakeVDeviceWithoutFusion(t *testing.T) {
+	initWith(t, &fakeTransport{name: "vdev", devs: 2})
+	d, res := netMakeVDevice([]int{1}, 4)
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, 1, d)
+	_, res = netMakeVDevice([]int{0, 1}, 4)
+	assert.Equal(t, nccl.InvalidUsage, res)
+	_, res = netMakeVDevice([]int{0, 1, 0, 1, 0}, 4)
+	assert.Equal(t, nccl.InvalidUsage, res)
+}
+
+func connectPair(t *testing.T) (send, recv *commEntry, sh, rh uintptr) {
+	t.Helper()
+	var handle nccl.Handle
+	lh, res := netListen(0, &handle)
+	require.Equal(t, nccl.Success, res)
+	sh, res = netConnect(0, -1, &handle)
+	require.Equal(t, nccl.Success, res)
+	require.Zero(t, sh, "first connect call reports in-progress")
+	sh, res = netConnect(0, -1, &handle)
+	require.Equal(t, nccl.Success, res)
+	require.NotZero(t, sh)
+	rh, res = netAccept(lh)
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, nccl.Success, netClose(lh, tagListen))
+	send, err := lookup(sh, tagSend)
+	require.NoError(t, err)
+	recv, err = lookup(rh, tagRecv)
+	require.NoError(t, err)
+	return send, recv, sh, rh
+}
+
+func TestDataPathCountsBytesAndWritesSizes(t *testing.T) {
+	initWith(t, &fakeTransport{name: "data", devs: 1})
+	send, recv, sh, rh := connectPair(t)
+	m := send.m
+	before := m.Snapshot()
+
+	buf := make([]byte, 64)
+	req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 48, 3, 7, 0)
+	require.Equal(t, nccl.Success, res)
+	require.NotZero(t, req)
+	var sz int32 = -1
+	done, res := netTest(req, &sz)
+	require.Equal(t, nccl.Success, res)
+	require.True(t, done)
+	assert.EqualValues(t, 48, sz)
+	_, res = netTest(req, nil)
+	assert.Equal(t, nccl.InternalError, res, "testing a completed request again is caught")
+
+	recv.bufs[0] = nccl.RecvBuffer{Data: unsafe.Pointer(&buf[0]), Size: 64, Tag: 3}
+	recv.bufs[1] = nccl.RecvBuffer{Data: unsafe.Pointer(&buf[0]), Size: 20, Tag: 3}
+	rreq, res := recv.irecv(2, nil)
+	require.Equal(t, nccl.Success, res)
+	sizes := [2]int32{-1, -1}
+	done, res = netTest(rreq, &sizes[0])
+	require.Equal(t, nccl.Success, res)
+	assert.False(t, done)
+	recv.recv.(*fakeRecv).done = true
+	done, res = netTest(rreq, &sizes[0])
+	require.Equal(t, nccl.Success, res)
+	require.True(t, done)
+	assert.Equal(t, [2]int32{32, 10}, sizes)
+
+	after := m.Snapshot()
+	assert.EqualValues(t, 48, after.Bytes[metrics.Send]-before.Bytes[metrics.Send])
+	assert.EqualValues(t, 42, after.Bytes[metrics.Recv]-before.Bytes[metrics.Recv])
+	assert.EqualValues(t, 0, after.Inflight[metrics.Send])
+	assert.EqualValues(t, 0, after.Inflight[metrics.Recv])
+	require.Equal(t, nccl.Success, netClose(sh, tagSend))
+	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
+	_, res = netIsend(sh, nil, 0, 0, 0, 0)
+	assert.Equal(t, nccl.InternalError, res, "a closed comm's handle is rejected")
+}
+
+func TestRetryAndBadRequestIDs(t *testing.T) {
+	initWith(t, &fakeTransport{name: "retry", devs: 1})
+	send, _, sh, _ := connectPair(t)
+	fs := send.send.(*fakeSend)
+	fs.retry = true
+	req, res := netIsend(sh, nil, 0, 0, 0, 0)
+	assert.Equal(t, nccl.Success, res)
+	assert.Zero(t, req, "NoRequest becomes a NULL request: NCCL retries")
+	fs.retry, fs.badID = false, true
+	_, res = netIsend(sh, nil, 0, 0, 0, 0)
+	assert.Equal(t, nccl.InternalError, res)
+	fs.badID = false
+	_, res = netIsend(sh, nil, nccl.MaxNetSize+1, 0, 0, 0)
+	assert.Equal(t, nccl.InvalidArgument, res)
+}
+
+func TestFailedRequestIsCountedAndWarned(t *testing.T) {
+	sink := initWith(t, &fakeTransport{name: "fail", devs: 1})
+	_, recv, _, _ := connectPair(t)
+	recv.bufs[0] = nccl.RecvBuffer{Size: 8}
+	rreq, res := recv.irecv(1, nil)
+	require.Equal(t, nccl.Success, res)
+	recv.recv.(*fakeRecv).fail = nccl.Errorf(nccl.SystemError, "connection reset by 10.0.0.9:5")
+	before := recv.m.Snapshot()
+	_, res = netTest(rreq, nil)
+	assert.Equal(t, nccl.SystemError, res)
+	after := recv.m.Snapshot()
+	assert.EqualValues(t, 1, after.Errors[metrics.Recv][metrics.ErrSystem]-before.Errors[metrics.Recv][metrics.ErrSystem])
+	require.NotEmpty(t, sink.warns())
+	assert.Contains(t, sink.warns()[len(sink.warns())-1], "connection reset")
+}
+
+func TestFlushNullAndReal(t *testing.T) {
+	initWith(t, &fakeTransport{name: "flush", devs: 1})
+	_, recv, _, _ := connectPair(t)
+	recv.bufs[0] = nccl.RecvBuffer{Size: 0}
+	req, res := recv.iflush(1)
+	require.Equal(t, nccl.Success, res)
+	assert.Zero(t, req)
+	recv.bufs[0] = nccl.RecvBuffer{Size: 10}
+	req, res = recv.iflush(1)
+	require.Equal(t, nccl.Success, res)
+	require.NotZero(t, req)
+	recv.recv.(*fakeRecv).done = true
+	done, res := netTest(req, nil)
+	require.Equal(t, nccl.Success, res)
+	assert.True(t, done)
+}
+
+func TestStallWarnNamesPeerAndBacksOff(t *testing.T) {
+	f := &fakeTransport{name: "stall", devs: 1}
+	name := register(f, 4000)
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_STALL_WARN": "0.02"})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	_, recv, _, _ := connectPair(t)
+	recv.bufs[0] = nccl.RecvBuffer{Size: 4096}
+	rreq, res := recv.irecv(1, nil)
+	require.Equal(t, nccl.Success, res)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(sink.warns()) == 0 && time.Now().Before(deadline) {
+		_, res = netTest(rreq, nil)
+		require.Equal(t, nccl.Success, res)
+	}
+	require.NotEmpty(t, sink.warns(), "a stalled request must be reported")
+	w := sink.warns()[0]
+	assert.Contains(t, w, "recv request of 4096 bytes")
+	assert.Contains(t, w, "fake0")
+	assert.Contains(t, w, "NCCL_GO_STALL_WARN")
+	n := len(sink.warns())
+	for i := 0; i < 1000; i++ {
+		netTest(rreq, nil)
+	}
+	assert.LessOrEqual(t, len(sink.warns()), n+1, "WARNs back off instead of flooding")
+	assert.EqualValues(t, 1, recv.m.Snapshot().Stalls[metrics.Recv]-0, "counted once")
+}
+
+func TestCloseWithOutstandingRequestsSettlesInflight(t *testing.T) {
+	initWith(t, &fakeTransport{name: "abort", devs: 1})
+	_, recv, _, rh := connectPair(t)
+	for i := 0; i < 5; i++ {
+		recv.bufs[0] = nccl.RecvBuffer{Size: 8}
+		_, res := recv.irecv(1, nil)
+		require.Equal(t, nccl.Success, res)
+	}
+	assert.EqualValues(t, 5, recv.m.Snapshot().Inflight[metrics.Recv])
+	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
+	assert.EqualValues(t, 0, recv.m.Snapshot().Inflight[metrics.Recv])
+	assert.Equal(t, nccl.InternalError, netClose(rh, tagRecv), "closing twice is caught")
+}
+
+func TestRecoverTurnsPanicIntoInternalError(t *testing.T) {
+	sink := setup(t, nil)
+	call := func() (r nccl.Result) {
+		r = nccl.Success
+		defer recoverResult("test", &r)
+		panic(errors.New("boom"))
+	}
+	assert.Equal(t, nccl.InternalError, call())
+	require.NotEmpty(t, sink.warns())
+	assert.Contains(t, sink.warns()[0], "internal error in test: boom")
+}
+
+func TestDeregNullSucceeds(t *testing.T) {
+	setup(t, nil)
+	assert.Equal(t, nccl.Success, netDeregMr(0xdead, 0))
+}
+
+// BenchmarkIsendTest measures the glue's per-message cost (handle lookup,
+// request table, metrics) around a transport that does nothing.
+func BenchmarkIsendTest(b *testing.B) {
+	for _, on := range []bool{false, true} {
+		b.Run(fmt.Sprintf("metrics=%v", on), func(b *testing.B) {
+			f := &fakeTransport{name: "bench", devs: 1}
+			name := register(f, 5000+regSeq)
+			nccl.SetEnvLookup(func(k string) (string, bool) {
+				if k == "NCCL_GO_TRANSPORT" {
+					return name, true
+				}
+				return "", false
+			})
+			defer func() {
+				state.mu.Lock()
+				state.ready, state.transport = false, nil
+				state.mu.Unlock()
+				nccl.SetEnvLookup(nil)
+			}()
+			if _, res := netInit(10, false, -1); res != nccl.Success {
+				b.Fatal(res)
+			}
+			countMetrics = on
+			var handle nccl.Handle
+			handle[0] = 1
+			sh, _ := netConnect(0, -1, &handle)
+			buf := make([]byte, 8)
+			var sz int32
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+				if res != nccl.Success {
+					b.Fatal(res)
+				}
+				if done, res := netTest(req, &sz); !done || res != nccl.Success {
+					b.Fatal(done, res)
+				}
+			}
+			b.StopTimer()
+			countMetrics = true
+			netClose(sh, tagSend)
+		})
+	}
+}

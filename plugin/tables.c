@@ -1,0 +1,232 @@
+/*
+ * tables.c: the exported NCCL net plugin tables and their per-version shims.
+ *
+ * NCCL dlsym()s the data objects ncclNetPlugin_v12 ... _v8 (highest first). Every
+ * version is a thin adapter onto one set of Go entries (exports_cgo.go): integer
+ * vs size_t sizes, v10's connect config and profiler, v11+'s per-communicator
+ * init(ctx)/finalize. Handles are integers (uintptr_t) on the Go side.
+ *
+ * Build-time knobs (CGO_CFLAGS):
+ *   NCCL_GO_PLUGIN_NAME   the name NCCL_NET matches (default "Go"); set by
+ *                         scripts/build-plugin.sh --name for vendor builds.
+ *   NCCL_GO_ONLY_V9_V10   export only ncclNetPlugin_v10 and _v9 (to exercise
+ *                         NCCL's adapters for older plugins).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include "shims.h"
+#include "_cgo_export.h"
+
+#ifndef NCCL_GO_PLUGIN_NAME
+#define NCCL_GO_PLUGIN_NAME "Go"
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+#define TAG_SEND 0x53
+#define TAG_RECV 0x52
+#define TAG_LISTEN 0x4c
+#define NCCL_GO_PROF_PLUGIN_ID ((0x47 << 16) | 1)
+
+/* ---- helpers called from Go ---- */
+
+void ncclGoLog(ncclDebugLogger_t fn, int level, unsigned long flags, const char* msg) {
+  if (fn == NULL) {
+    if (level == NCCL_LOG_WARN) fprintf(stderr, "NCCL WARN %s\n", msg);
+    return;
+  }
+  fn((ncclDebugLogLevel)level, flags, "libnccl-net-go", 0, "%s", msg);
+}
+
+/* Event descriptor handed to NCCL's profiler as extData (docs/metrics.md). It is
+ * valid only during the callback. */
+typedef struct {
+  uint8_t type;     /* 1 send, 2 recv, 3 flush */
+  int32_t device;   /* plugin device index */
+  uint64_t size;    /* bytes posted */
+  int32_t tag;      /* NCCL tag (the sender's rank) */
+  uint64_t request; /* the request handle returned to NCCL */
+} ncclGoProfilerNetDesc_v1_t;
+
+uintptr_t ncclGoProfStart(ncclProfilerCallback_t fn, uintptr_t phandle, int type, int dev, uint64_t size, int tag,
+                          uintptr_t request) {
+  void* event = NULL;
+  ncclGoProfilerNetDesc_v1_t desc = {(uint8_t)type, dev, size, tag, request};
+  if (fn(&event, ncclProfilerNetEventStart, (void*)phandle, NCCL_GO_PROF_PLUGIN_ID, &desc) != ncclSuccess) return 0;
+  return (uintptr_t)event;
+}
+
+void ncclGoProfStop(ncclProfilerCallback_t fn, uintptr_t event) {
+  void* e = (void*)event;
+  if (e != NULL) fn(&e, ncclProfilerNetEventStop, NULL, NCCL_GO_PROF_PLUGIN_ID, NULL);
+}
+
+/* ---- shims shared by all versions ---- */
+
+static ncclResult_t s_devices(int* ndev) { return goNetDevices(ndev); }
+static ncclResult_t s_listen(int dev, void* handle, void** listenComm) {
+  return goNetListen(dev, handle, (uintptr_t*)listenComm);
+}
+static ncclResult_t s_accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t** recvDevComm) {
+  (void)recvDevComm; /* host plugin: no device offload, leave NCCL's pointer alone */
+  return goNetAccept((uintptr_t)listenComm, (uintptr_t*)recvComm);
+}
+static ncclResult_t s_regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  return goNetRegMr((uintptr_t)comm, data, size, type, (uintptr_t*)mhandle);
+}
+static ncclResult_t s_regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                                  void** mhandle) {
+  return goNetRegMrDmaBuf((uintptr_t)comm, data, size, type, offset, fd, (uintptr_t*)mhandle);
+}
+static ncclResult_t s_deregMr(void* comm, void* mhandle) {
+  return goNetDeregMr((uintptr_t)comm, (uintptr_t)mhandle);
+}
+static ncclResult_t s_iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
+  return goNetIflush((uintptr_t)recvComm, n, data, sizes, (uintptr_t*)mhandles, (uintptr_t*)request);
+}
+static ncclResult_t s_test(void* request, int* done, int* sizes) {
+  return goNetTest((uintptr_t)request, done, sizes);
+}
+static ncclResult_t s_closeSend(void* c) { return goNetClose((uintptr_t)c, TAG_SEND); }
+static ncclResult_t s_closeRecv(void* c) { return goNetClose((uintptr_t)c, TAG_RECV); }
+static ncclResult_t s_closeListen(void* c) { return goNetClose((uintptr_t)c, TAG_LISTEN); }
+
+/* ---- v8 (NCCL 2.20-2.23): int sizes, init(logger) ---- */
+
+static ncclResult_t v8_init(ncclDebugLogger_t logFn) { return goNetInit(8, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, NULL); }
+static ncclResult_t v8_getProperties(int dev, ncclNetProperties_v8_t* props) { return goNetGetProperties(8, dev, props); }
+static ncclResult_t v8_connect(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v8_t** sendDevComm) {
+  (void)sendDevComm;
+  return goNetConnect(0, dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, (uintptr_t*)sendComm);
+}
+static ncclResult_t v8_isend(void* sendComm, void* data, int size, int tag, void* mhandle, void** request) {
+  return goNetIsend((uintptr_t)sendComm, data, size, tag, (uintptr_t)mhandle, 0, (uintptr_t*)request);
+}
+static ncclResult_t v8_irecv(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request) {
+  return goNetIrecv((uintptr_t)recvComm, n, data, NULL, sizes, tags, (uintptr_t*)mhandles, NULL, (uintptr_t*)request);
+}
+
+/* ---- v9 (NCCL 2.24-2.25): size_t sizes, makeVDevice ---- */
+
+static ncclResult_t v9_getProperties(int dev, ncclNetProperties_v9_t* props) { return goNetGetProperties(9, dev, props); }
+static ncclResult_t v9_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) {
+  return goNetIsend((uintptr_t)sendComm, data, (long long)size, tag, (uintptr_t)mhandle, 0, (uintptr_t*)request);
+}
+static ncclResult_t v9_irecv(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                             void** request) {
+  return goNetIrecv((uintptr_t)recvComm, n, data, sizes, NULL, tags, (uintptr_t*)mhandles, NULL, (uintptr_t*)request);
+}
+static ncclResult_t v9_makeVDevice(int* d, ncclNetVDeviceProps_v9_t* props) {
+  if (props == NULL) return ncclInvalidArgument;
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V9, d, props->ndevs, props->devs);
+}
+
+/* ---- v10 (NCCL 2.26-2.27): profiler, connect config, phandles ---- */
+
+static ncclResult_t v10_init(ncclDebugLogger_t logFn, ncclProfilerCallback_t profFn) {
+  return goNetInit(10, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
+}
+static ncclResult_t v10_getProperties(int dev, ncclNetProperties_v10_t* props) { return goNetGetProperties(10, dev, props); }
+static ncclResult_t v10_connect(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** sendComm,
+                                ncclNetDeviceHandle_v10_t** sendDevComm) {
+  (void)sendDevComm;
+  /* config is NULL for NCCL's GDR probe and bootstrap connections */
+  int tc = config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF;
+  return goNetConnect(0, dev, tc, handle, (uintptr_t*)sendComm);
+}
+static ncclResult_t v10_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                              void** request) {
+  return goNetIsend((uintptr_t)sendComm, data, (long long)size, tag, (uintptr_t)mhandle, (uintptr_t)phandle,
+                    (uintptr_t*)request);
+}
+static ncclResult_t v10_irecv(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                              void** phandles, void** request) {
+  return goNetIrecv((uintptr_t)recvComm, n, data, sizes, NULL, tags, (uintptr_t*)mhandles, (uintptr_t*)phandles,
+                    (uintptr_t*)request);
+}
+
+/* ---- v11 (NCCL 2.28-2.29) and v12 (2.30+): per-communicator init/finalize ---- */
+
+static ncclResult_t v11_init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config, ncclDebugLogger_t logFn,
+                             ncclProfilerCallback_t profFn) {
+  (void)commId;
+  if (ctx == NULL) return ncclInvalidArgument;
+  return goNetInit(11, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
+}
+static ncclResult_t v12_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config, ncclDebugLogger_t logFn,
+                             ncclProfilerCallback_t profFn) {
+  (void)commId;
+  if (ctx == NULL) return ncclInvalidArgument;
+  return goNetInit(12, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
+}
+static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) { return goNetGetProperties(11, dev, props); }
+static ncclResult_t v12_getProperties(int dev, ncclNetProperties_v12_t* props) { return goNetGetProperties(12, dev, props); }
+static ncclResult_t v11_listen(void* ctx, int dev, void* handle, void** listenComm) {
+  (void)ctx;
+  return goNetListen(dev, handle, (uintptr_t*)listenComm);
+}
+static ncclResult_t v11_connect(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v11_t** sendDevComm) {
+  (void)sendDevComm;
+  return goNetConnect((uintptr_t)ctx, dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, (uintptr_t*)sendComm);
+}
+static ncclResult_t v11_makeVDevice(int* d, ncclNetVDeviceProps_v11_t* props) {
+  if (props == NULL) return ncclInvalidArgument;
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V11, d, props->ndevs, props->devs);
+}
+static ncclResult_t v12_makeVDevice(int* d, ncclNetVDeviceProps_v12_t* props) {
+  if (props == NULL) return ncclInvalidArgument;
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V12, d, props->ndevs, props->devs);
+}
+static ncclResult_t v11_finalize(void* ctx) { return goNetFinalize((uintptr_t)ctx); }
+static ncclResult_t v11_setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
+  if (attr == NULL) return ncclSuccess;
+  return goNetSetNetAttr((uintptr_t)ctx, attr->sendCommAttr.maxConcurrentPeers, attr->recvCommAttr.maxConcurrentPeers);
+}
+
+/* ---- the exported tables ----
+ * Not const: init clears makeVDevice when the chosen transport cannot fuse
+ * devices, as NCCL's own socket transport leaves it NULL. */
+
+#ifndef NCCL_GO_ONLY_V9_V10
+EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
+  NCCL_GO_PLUGIN_NAME, v12_init, s_devices, v12_getProperties, v11_listen, v11_connect, s_accept, s_regMr,
+  s_regMrDmaBuf, s_deregMr, v10_isend, v10_irecv, s_iflush, s_test, s_closeSend, s_closeRecv, s_closeListen,
+  NULL /* getDeviceMr */, NULL /* irecvConsumed */, v12_makeVDevice, v11_finalize, v11_setNetAttr,
+};
+
+EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
+  NCCL_GO_PLUGIN_NAME, v11_init, s_devices, v11_getProperties, v11_listen, v11_connect, s_accept, s_regMr,
+  s_regMrDmaBuf, s_deregMr, v10_isend, v10_irecv, s_iflush, s_test, s_closeSend, s_closeRecv, s_closeListen,
+  NULL, NULL, v11_makeVDevice, v11_finalize, v11_setNetAttr,
+};
+#endif
+
+EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
+  NCCL_GO_PLUGIN_NAME, v10_init, s_devices, v10_getProperties, s_listen, v10_connect, s_accept, s_regMr,
+  s_regMrDmaBuf, s_deregMr, v10_isend, v10_irecv, s_iflush, s_test, s_closeSend, s_closeRecv, s_closeListen,
+  NULL, NULL, v9_makeVDevice,
+};
+
+static ncclResult_t v9_init(ncclDebugLogger_t logFn) { return goNetInit(9, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, NULL); }
+
+EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
+  NCCL_GO_PLUGIN_NAME, v9_init, s_devices, v9_getProperties, s_listen, v8_connect, s_accept, s_regMr,
+  s_regMrDmaBuf, s_deregMr, v9_isend, v9_irecv, s_iflush, s_test, s_closeSend, s_closeRecv, s_closeListen,
+  NULL, NULL, v9_makeVDevice,
+};
+
+#ifndef NCCL_GO_ONLY_V9_V10
+EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
+  NCCL_GO_PLUGIN_NAME, v8_init, s_devices, v8_getProperties, s_listen, v8_connect, s_accept, s_regMr,
+  s_regMrDmaBuf, s_deregMr, v8_isend, v8_irecv, s_iflush, s_test, s_closeSend, s_closeRecv, s_closeListen,
+  NULL, NULL,
+};
+#endif
+
+void ncclGoDisableVDevice(void) {
+#ifndef NCCL_GO_ONLY_V9_V10
+  ncclNetPlugin_v12.makeVDevice = NULL;
+  ncclNetPlugin_v11.makeVDevice = NULL;
+#endif
+  ncclNetPlugin_v10.makeVDevice = NULL;
+  ncclNetPlugin_v9.makeVDevice = NULL;
+}
