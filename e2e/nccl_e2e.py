@@ -1,0 +1,903 @@
+#!/usr/bin/env python3
+"""Real NCCL through libnccl-net-go on one GPU: correctness, log and bandwidth checks.
+
+Two processes share one GPU but pose as two hosts (distinct NCCL_HOSTID), with
+NCCL's P2P/SHM/NVLS paths off, so every byte between them crosses the NET
+transport: our plugin (NCCL_NET=Go) or, for the baseline, NCCL's built-in
+Socket transport (NCCL_NET=Socket). torch.distributed drives NCCL; the ranks are
+spawned here (no torchrun) and meet through a file store.
+
+Subcommands:
+  suite   run every phase (correctness on each .so, log checks, Go vs Socket
+          bandwidth) and write results.md; this is what `make e2e-gpu` runs
+  rank    one rank of one phase (spawned by suite; not meant to be run by hand)
+  checklog  re-check existing rank logs, e.g. after editing a log by hand
+
+`suite --backend gloo` is a CPU-only dry run of the same orchestration and
+comparison code with gloo instead of NCCL (no plugin involved); the self test
+uses it where python3-torch is installed.
+
+Exit status: 0 all passed, 1 a check failed, 2 usage error, 77 this machine
+cannot run the test (no torch, no CUDA GPU, or torch without NCCL).
+"""
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+# 77 is the automake "skipped" status: distinct from failure so callers can
+# tell "cannot run here" apart from "ran and found a bug".
+EXIT_UNSUPPORTED = 77
+
+WORLD = 2
+KIB = 1024
+MIB = 1024 * KIB
+
+# Collectives in the correctness and bandwidth suites, in report order.
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "sendrecv")
+
+# Highest ncclNet_vN each NCCL release looks for (nccl-net-api.md §1.1), as
+# (first release, version); newer releases than the last row get its version.
+NCCL_MAX_NET_API = (((2, 20, 0), 8), ((2, 24, 0), 9), ((2, 26, 0), 10), ((2, 28, 0), 11), ((2, 30, 0), 12))
+FULL_EXPORTS = frozenset({8, 9, 10, 11, 12})
+V9V10_EXPORTS = frozenset({9, 10})
+
+
+class UnsupportedMachine(Exception):
+    """This machine lacks what the test needs (exit 77), as opposed to a failure."""
+
+
+# --------------------------------------------------------------------------
+# Pure helpers (unit-tested without torch).
+
+def geometric_sizes(lo, hi, factor):
+    """Byte sizes lo, lo*factor, ... up to hi, always ending with hi."""
+    if lo < 1 or hi < lo or factor < 2:
+        raise ValueError(f"bad size range lo={lo} hi={hi} factor={factor}")
+    sizes = []
+    s = lo
+    while s < hi:
+        sizes.append(s)
+        s *= factor
+    sizes.append(hi)
+    return sizes
+
+
+def elements_for(nbytes, itemsize, multiple=1):
+    """Element count nearest below nbytes, at least one, rounded up to `multiple`
+    (the rank count for buffers that reduce_scatter / all_gather split)."""
+    n = max(1, nbytes // itemsize)
+    return -(-n // multiple) * multiple
+
+
+def bus_factor(op, nranks):
+    """nccl-tests' busbw = algbw * factor (doc/PERFORMANCE.md of nccl-tests)."""
+    n = nranks
+    return {
+        "all_reduce": 2.0 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": 1.0,
+        "sendrecv": 1.0,
+    }[op]
+
+
+def parse_nccl_version(v):
+    """torch.cuda.nccl.version() is a tuple in recent torch and an int code in
+    older ones (NCCL_VERSION_CODE: major*10000+minor*100+patch since 2.9)."""
+    if isinstance(v, (tuple, list)):
+        parts = [int(x) for x in v[:3]]
+        while len(parts) < 3:
+            parts.append(0)
+        return tuple(parts)
+    v = int(v)
+    if v >= 20900:
+        return (v // 10000, (v // 100) % 100, v % 100)
+    return (v // 1000, (v // 100) % 10, v % 100)
+
+
+def nccl_max_api(nccl_version):
+    """Highest net plugin API version this NCCL looks for, or None below 2.20."""
+    best = None
+    for first, api in NCCL_MAX_NET_API:
+        if tuple(nccl_version) >= first:
+            best = api
+    return best
+
+
+def expected_api(nccl_version, exported):
+    """The ncclNet_vN NCCL will pick from a library exporting `exported`: NCCL
+    probes from its newest version down and takes the first hit."""
+    top = nccl_max_api(nccl_version)
+    if top is None:
+        return None
+    usable = [v for v in exported if v <= top and v >= 6]
+    return max(usable) if usable else None
+
+
+def plugin_env(nccl_version, so_path):
+    """NCCL_NET_PLUGIN (and LD_LIBRARY_PATH) that make this NCCL load so_path.
+    NCCL 2.21+ dlopens the value as given (a full path works); 2.20 and older
+    only try libnccl-net-<value>.so through the normal search path."""
+    so_path = os.path.abspath(so_path)
+    if tuple(nccl_version) >= (2, 21, 0):
+        return {"NCCL_NET_PLUGIN": so_path}
+    base = os.path.basename(so_path)
+    m = re.fullmatch(r"libnccl-net-(.+)\.so", base)
+    if not m:
+        raise UnsupportedMachine(
+            f"NCCL {fmt_version(nccl_version)} only loads libnccl-net-<name>.so; rename {base} accordingly")
+    ld = os.path.dirname(so_path)
+    old = os.environ.get("LD_LIBRARY_PATH", "")
+    return {"NCCL_NET_PLUGIN": m.group(1), "LD_LIBRARY_PATH": ld + (":" + old if old else "")}
+
+
+def fmt_version(v):
+    return ".".join(str(x) for x in v)
+
+
+def fmt_bytes(n):
+    for unit, div in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", KIB)):
+        if n >= div and n % div == 0:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+# Log checks. NCCL prints "host:pid:tid [dev] NCCL INFO <msg>"; only <msg>
+# matters, and its wording has moved between releases, so each check accepts
+# every form seen from 2.20 to 2.30 and the report names what it matched.
+RE_OUR_INIT = re.compile(
+    r"NET/Go : libnccl-net-go (?P<version>\S+), NCCL net API v(?P<api>\d+), "
+    r"transport (?P<transport>\S+), (?P<devices>.*)$")
+RE_LOADED = re.compile(r"NET/Plugin: Loaded net plugin (?P<name>.+?) \(v(?P<api>\d+)\)")
+RE_PLUGIN_LINE = re.compile(r"(NET/Plugin|Plugin name set by env|external plugin)")
+RE_VIA = re.compile(r"via (?P<kind>NET/(?P<net>[^/\s]+)|P2P|SHM|CollNet|NVLS)")
+RE_USING = re.compile(r"(Using network|Assigned NET plugin) (?P<name>\S+)")
+RE_WARN = re.compile(r"NCCL WARN (?P<msg>.*)$")
+
+
+def check_log(text, net, library=None, expect_api=None):
+    """Problems (empty when the log proves what it must) and facts from one
+    rank's log. net is "Go" or "Socket"; library is the .so basename we expect
+    NCCL to name; expect_api the ncclNet version NCCL must have picked."""
+    problems, facts = [], {}
+    lines = text.splitlines()
+    vias = {}
+    for line in lines:
+        m = RE_VIA.search(line)
+        if m:
+            kind = m.group("kind")
+            vias[kind] = vias.get(kind, 0) + 1
+    facts["connections"] = vias
+    warns = [RE_WARN.search(l).group("msg") for l in lines if RE_WARN.search(l)]
+    facts["warnings"] = warns
+    ours = [RE_OUR_INIT.search(l) for l in lines]
+    ours = [m for m in ours if m]
+    using = [RE_USING.search(l).group("name") for l in lines if RE_USING.search(l)]
+    if using:
+        facts["using_network"] = sorted(set(using))
+
+    not_net = {k: n for k, n in vias.items() if not k.startswith("NET/")}
+    if not_net:
+        problems.append(f"connections not over the network: {not_net}; NCCL_P2P_DISABLE/NCCL_SHM_DISABLE/"
+                        "NCCL_NVLS_ENABLE or distinct NCCL_HOSTID did not take effect")
+    if not vias:
+        problems.append("no 'via NET/...' connection lines: NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS "
+                        "including INIT was not in effect, or no connection was made")
+
+    if net == "Socket":
+        if ours:
+            problems.append("our plugin initialised although the run forced NCCL_NET=Socket")
+        if vias and "NET/Socket" not in vias:
+            problems.append(f"baseline run did not use NCCL's Socket transport: {sorted(vias)}")
+        return problems, facts
+
+    if not ours:
+        problems.append("no 'NET/Go : libnccl-net-go ..., NCCL net API vN, transport ...' line: "
+                        "our plugin did not initialise (see NET/Plugin lines for dlopen errors)")
+    else:
+        m = ours[0]
+        facts.update(plugin_version=m.group("version"), api=int(m.group("api")),
+                     transport=m.group("transport"), devices=m.group("devices").strip())
+    loaded = [RE_LOADED.search(l) for l in lines]
+    loaded = [m for m in loaded if m and m.group("name") == net]
+    if loaded:
+        facts["nccl_loaded_api"] = int(loaded[0].group("api"))
+    named = [l.strip() for l in lines if RE_PLUGIN_LINE.search(l) and library and library in l]
+    if named:
+        facts["library_line"] = named[0][named[0].find("NCCL INFO") + 10:] if "NCCL INFO" in named[0] else named[0]
+    if not loaded and not named:
+        problems.append(f"no NET/Plugin line names {library or 'our library'} or 'Loaded net plugin {net}'")
+    if "api" in facts and "nccl_loaded_api" in facts and facts["api"] != facts["nccl_loaded_api"]:
+        problems.append(f"NCCL says it loaded v{facts['nccl_loaded_api']} but our plugin was "
+                        f"initialised through v{facts['api']}")
+    if expect_api is not None and "api" in facts and facts["api"] != expect_api:
+        problems.append(f"NCCL picked net API v{facts['api']}, expected v{expect_api} "
+                        "(the newest version both this NCCL and the library support)")
+    if vias and f"NET/{net}" not in vias:
+        problems.append(f"no connection via NET/{net}; connections: {sorted(vias)}")
+    other_nets = sorted(k for k in vias if k.startswith("NET/") and k != f"NET/{net}")
+    if other_nets:
+        problems.append(f"some connections used another network: {other_nets}")
+    ours_warn = [w for w in warns if "NET/Go" in w]
+    if ours_warn:
+        problems.append(f"our plugin logged {len(ours_warn)} WARN line(s), first: {ours_warn[0]}")
+    return problems, facts
+
+
+def busbw_table(op, go_rows, socket_rows):
+    """Markdown rows: size | Go busbw | Socket busbw | ratio, from bench rows
+    ({"bytes", "busbw_gbs", ...}) keyed by size."""
+    socket_by = {r["bytes"]: r for r in socket_rows}
+    out = [f"#### {op}", "",
+           "| size | Go busbw (GB/s) | Socket busbw (GB/s) | Go / Socket |",
+           "|---:|---:|---:|---:|"]
+    for r in go_rows:
+        s = socket_by.get(r["bytes"])
+        sb = f"{s['busbw_gbs']:.3f}" if s else "-"
+        ratio = f"{r['busbw_gbs'] / s['busbw_gbs']:.2f}" if s and s["busbw_gbs"] > 0 else "-"
+        out.append(f"| {fmt_bytes(r['bytes'])} | {r['busbw_gbs']:.3f} | {sb} | {ratio} |")
+    out.append("")
+    return out
+
+
+# --------------------------------------------------------------------------
+# Environment detection.
+
+def probe_torch(backend):
+    """Facts about torch/CUDA/NCCL here; raises UnsupportedMachine with the
+    reason when the requested backend cannot run."""
+    try:
+        import torch  # noqa: F401 (imported for its presence)
+        import torch.distributed as dist
+    except ImportError as e:
+        raise UnsupportedMachine(f"PyTorch is not importable ({e}); install a CUDA build of torch") from e
+    info = {"torch": torch.__version__, "python": platform.python_version()}
+    if not dist.is_available():
+        raise UnsupportedMachine("this torch build has no torch.distributed")
+    if backend == "gloo":
+        if not dist.is_gloo_available():
+            raise UnsupportedMachine("this torch build has no gloo backend")
+        return info
+    if not torch.cuda.is_available():
+        raise UnsupportedMachine(
+            f"torch {torch.__version__} sees no CUDA GPU (CUDA build: {torch.version.cuda or 'no'}); "
+            "run on a machine with an NVIDIA GPU and driver")
+    if not dist.is_nccl_available():
+        raise UnsupportedMachine(f"torch {torch.__version__} was built without NCCL")
+    info["nccl"] = parse_nccl_version(torch.cuda.nccl.version())
+    info["cuda"] = torch.version.cuda
+    info["gpu"] = torch.cuda.get_device_name(0)
+    info["gpus"] = torch.cuda.device_count()
+    if nccl_max_api(info["nccl"]) is None:
+        raise UnsupportedMachine(f"NCCL {fmt_version(info['nccl'])} is older than 2.20, which has no ncclNet_v8")
+    return info
+
+
+# --------------------------------------------------------------------------
+# Rank side (runs in each spawned process).
+
+def _dtypes(torch, backend, names):
+    table = {"float32": torch.float32, "int32": torch.int32, "bfloat16": torch.bfloat16, "int8": torch.int8}
+    out = []
+    for n in names:
+        if n not in table:
+            raise ValueError(f"unknown dtype {n}; use {sorted(table)}")
+        # gloo cannot reduce or broadcast bf16; the dry run skips it rather
+        # than testing something NCCL runs would not.
+        if backend == "gloo" and n == "bfloat16":
+            continue
+        out.append((n, table[n]))
+    return out
+
+
+class Collectives:
+    """The five operations on one backend. gloo (dry run only) lacks the
+    single-tensor all_gather / reduce_scatter, so they are composed from what
+    it has; NCCL runs always call the real torch API."""
+
+    def __init__(self, torch, dist, backend, rank):
+        self.torch, self.dist, self.backend, self.rank = torch, dist, backend, rank
+
+    def all_reduce(self, out, op):
+        self.dist.all_reduce(out, op=op)
+
+    def all_gather(self, out, inp):
+        if self.backend == "gloo":
+            parts = list(out.chunk(WORLD))
+            self.dist.all_gather(parts, inp)
+        else:
+            self.dist.all_gather_into_tensor(out, inp)
+
+    def reduce_scatter(self, out, inp):
+        if self.backend == "gloo":
+            tmp = inp.clone()
+            self.dist.all_reduce(tmp)
+            out.copy_(tmp.chunk(WORLD)[self.rank])
+        else:
+            self.dist.reduce_scatter_tensor(out, inp)
+
+    def broadcast(self, t, root):
+        self.dist.broadcast(t, src=root)
+
+    def sendrecv(self, out, inp):
+        # Both directions at once, like nccl-tests' sendrecv: rank r sends to
+        # r+1 and receives from r-1.
+        dst, src = (self.rank + 1) % WORLD, (self.rank - 1) % WORLD
+        reqs = self.dist.batch_isend_irecv([self.dist.P2POp(self.dist.isend, inp, dst),
+                                            self.dist.P2POp(self.dist.irecv, out, src)])
+        for r in reqs:
+            r.wait()
+
+
+def _gen(torch, device, seed, n, dtype):
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g, device=device, dtype=torch.float32).to(dtype)
+    # Ranges keep the two-rank sum inside the type: int8 in [-64, 63], int32 well
+    # inside 2^31, so the expected value needs no wrap-around semantics.
+    bound = 64 if dtype == torch.int8 else 1 << 20
+    return torch.randint(-bound, bound, (n,), generator=g, device=device, dtype=dtype)
+
+
+def _compare(torch, got, want, dtype, exact):
+    """(mismatching elements, max abs error) of got against want, both on CPU."""
+    if got.shape != want.shape:
+        return (max(got.numel(), want.numel()), float("inf"))
+    if exact or not dtype.is_floating_point:
+        bad = got != want
+    else:
+        # A two-rank float sum is one IEEE addition on both sides, so float32
+        # must match to rounding; the tolerance only absorbs GPU denormal
+        # flushing. bf16 may be rounded twice on the CPU (via float32).
+        rtol, atol = (1e-6, 1e-30) if dtype == torch.float32 else (2.0 ** -7, 1e-2)
+        bad = ~torch.isclose(got.float(), want.float(), rtol=rtol, atol=atol)
+    n = int(bad.sum())
+    if n == 0:
+        return 0, 0.0
+    err = (got.double() - want.double()).abs()
+    return n, float(err.max())
+
+
+def run_check(torch, dist, coll, device, rank, args, log):
+    results = []
+    sizes = geometric_sizes(1, args.max_bytes, args.factor)
+    case = 0
+    for dname, dtype in _dtypes(torch, args.backend, args.dtypes.split(",")):
+        itemsize = torch.tensor([], dtype=dtype).element_size()
+        seen = set()
+        for nbytes in sizes:
+            base = elements_for(nbytes, itemsize)
+            if base in seen:
+                continue
+            seen.add(base)
+            # Comparisons use names: torch 1.13's ReduceOp cannot be compared with None.
+            variants = [("all_reduce", "sum"), ("all_reduce", "max")] + [(op, "") for op in OPS[1:]]
+            for op, redop in variants:
+                case += 1
+                # reduce_scatter splits its input evenly; the rest take any count,
+                # which is what lets int8 cover the 1-byte case.
+                nelem = elements_for(nbytes, itemsize, WORLD if op == "reduce_scatter" else 1)
+                # Every rank regenerates every rank's input from the same seeds,
+                # so the expected result needs no extra communication.
+                xs = [_gen(torch, device, args.seed * 1_000_003 + case * 16 + r, nelem, dtype) for r in range(WORLD)]
+                mine = xs[rank].clone()
+                cpu = [x.cpu() for x in xs]
+                exact = False
+                m = nelem // WORLD
+                if op == "all_reduce":
+                    out = mine
+                    coll.all_reduce(out, dist.ReduceOp.MAX if redop == "max" else dist.ReduceOp.SUM)
+                    if redop == "max":
+                        want, exact = torch.maximum(cpu[0], cpu[1]), True
+                    else:
+                        want = (cpu[0].float() + cpu[1].float()).to(dtype) if dtype == torch.bfloat16 else cpu[0] + cpu[1]
+                elif op == "all_gather":
+                    out = torch.empty(nelem * WORLD, dtype=dtype, device=device)
+                    coll.all_gather(out, mine)
+                    want, exact = torch.cat(cpu), True
+                elif op == "reduce_scatter":
+                    out = torch.empty(m, dtype=dtype, device=device)
+                    coll.reduce_scatter(out, mine)
+                    full = (cpu[0].float() + cpu[1].float()).to(dtype) if dtype == torch.bfloat16 else cpu[0] + cpu[1]
+                    want = full[rank * m:(rank + 1) * m]
+                elif op == "broadcast":
+                    root = case % WORLD
+                    out = mine
+                    coll.broadcast(out, root)
+                    want, exact = cpu[root], True
+                else:  # sendrecv
+                    out = torch.empty(nelem, dtype=dtype, device=device)
+                    coll.sendrecv(out, mine)
+                    want, exact = cpu[(rank - 1) % WORLD], True
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                got = out.cpu()
+                if args.corrupt == op:
+                    # Self test of the checker: a wrong element must be caught.
+                    got[-1] = want[-1] + 1
+                bad, err = _compare(torch, got, want, dtype, exact)
+                name = op + ("_max" if redop == "max" else "")
+                results.append({"op": name, "dtype": dname, "bytes": nelem * itemsize, "ok": bad == 0,
+                                "mismatches": bad, "max_abs_err": err})
+                log(f"check {name:16s} {dname:8s} {fmt_bytes(nelem * itemsize):>9s} "
+                    f"{'ok' if bad == 0 else f'FAIL {bad} mismatches, max err {err:g}'}")
+                del xs, cpu, mine, out, want, got
+    return results
+
+
+def run_bench(torch, dist, coll, device, rank, args, log):
+    rows = []
+    sizes = geometric_sizes(args.bench_min, args.bench_max, args.factor)
+    dtype = torch.float32
+    itemsize = 4
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def barrier():
+        # Not dist.barrier(): older torch picks the barrier's GPU as rank %
+        # device_count, which would put rank 1 on another GPU (or fail).
+        t = torch.zeros(1, device=device)
+        dist.all_reduce(t)
+        sync()
+
+    for op in OPS:
+        for nbytes in sizes:
+            nelem = elements_for(nbytes, itemsize, WORLD)
+            m = nelem // WORLD
+            ones = lambda k: torch.ones(k, dtype=dtype, device=device)  # noqa: E731
+            empty = lambda k: torch.empty(k, dtype=dtype, device=device)  # noqa: E731
+            if op == "all_reduce":
+                fn = functools.partial(coll.all_reduce, ones(nelem), dist.ReduceOp.SUM)
+            elif op == "all_gather":
+                fn = functools.partial(coll.all_gather, empty(nelem), ones(m))
+            elif op == "reduce_scatter":
+                fn = functools.partial(coll.reduce_scatter, empty(m), ones(nelem))
+            elif op == "broadcast":
+                fn = functools.partial(coll.broadcast, ones(nelem), 0)
+            else:
+                fn = functools.partial(coll.sendrecv, empty(nelem), ones(nelem))
+            iters = max(args.bench_min_iters, min(args.bench_max_iters, args.bench_budget // max(nbytes, 1)))
+            for _ in range(max(2, iters // 5)):
+                fn()
+            sync()
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            sync()
+            dt = (time.perf_counter() - t0) / iters
+            # The slowest rank defines the operation's time, as in nccl-tests.
+            t = torch.tensor([dt], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            dt = float(t.item())
+            # nccl-tests' size: the whole gathered output for all_gather, the
+            # whole input for reduce_scatter, the buffer for the rest; nelem is
+            # that buffer in every case here.
+            size = nelem * itemsize
+            algbw = size / dt / 1e9
+            row = {"op": op, "bytes": size, "iters": iters, "time_us": dt * 1e6,
+                   "algbw_gbs": algbw, "busbw_gbs": algbw * bus_factor(op, WORLD)}
+            rows.append(row)
+            log(f"bench {op:15s} {fmt_bytes(size):>9s} {iters:4d} iters {row['time_us']:12.1f} us "
+                f"algbw {algbw:8.3f} busbw {row['busbw_gbs']:8.3f} GB/s")
+            del fn  # frees the buffers before the next size allocates
+    return rows
+
+
+def rank_main(args):
+    import datetime as dt
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+
+    def log(msg):
+        print(f"[e2e rank {rank}] {msg}", flush=True)
+
+    if args.backend == "nccl":
+        torch.cuda.set_device(args.device)
+        device = torch.device("cuda", args.device)
+    else:
+        device = torch.device("cpu")
+    log(f"backend {args.backend} device {device} NCCL_NET={os.environ.get('NCCL_NET', '')} "
+        f"NCCL_NET_PLUGIN={os.environ.get('NCCL_NET_PLUGIN', '')} NCCL_HOSTID={os.environ.get('NCCL_HOSTID', '')}")
+    dist.init_process_group(args.backend, init_method="file://" + args.store, rank=rank, world_size=WORLD,
+                            timeout=dt.timedelta(seconds=args.op_timeout))
+    coll = Collectives(torch, dist, args.backend, rank)
+    out = {"rank": rank, "mode": args.mode}
+    try:
+        if args.mode == "check":
+            out["cases"] = run_check(torch, dist, coll, device, rank, args, log)
+        else:
+            out["bench"] = run_bench(torch, dist, coll, device, rank, args, log)
+        done = torch.zeros(1, device=device)
+        dist.all_reduce(done)  # both ranks finished before either tears down
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    finally:
+        dist.destroy_process_group()
+    with open(args.result, "w") as f:
+        json.dump(out, f)
+    log("done")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------
+# Suite side (the launcher).
+
+def rank_env(base, rank, backend, net, plugin_vars, args, debug_file=None):
+    """Environment of one rank. debug_file receives NCCL's log: NCCL opens it
+    line-buffered, while its stdout into a file would be block-buffered and
+    lose the last lines exactly when a rank is killed after a hang."""
+    env = dict(base)
+    env.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               PYTHONUNBUFFERED="1")
+    if backend == "gloo":
+        env.setdefault("GLOO_SOCKET_IFNAME", args.ifname)
+        return env
+    env.update({
+        # Distinct host ids: NCCL then sees two one-GPU hosts, skips its
+        # duplicate-GPU check and can only connect them over the network.
+        "NCCL_HOSTID": f"nccl-net-go-e2e-host{rank}",
+        # Belt and braces: even a same-host view must not pick P2P/SHM/NVLS.
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_COLLNET_ENABLE": "0",
+        "NCCL_NET": net,
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": args.debug_subsys,
+        "NCCL_SOCKET_IFNAME": args.ifname,
+        "NCCL_GO_TRANSPORT": args.go_transport,
+    })
+    if args.cumem is not None:
+        env["NCCL_CUMEM_ENABLE"] = args.cumem
+    # Our settings decide where the log goes and which plugin loads.
+    for k in ("NCCL_NET_PLUGIN", "NCCL_DEBUG_FILE"):
+        env.pop(k, None)
+    if debug_file:
+        env["NCCL_DEBUG_FILE"] = debug_file
+    env.update(plugin_vars)
+    return env
+
+
+def launch_phase(name, mode, net, so_path, info, args, outdir):
+    """Runs both ranks of one phase; returns (ok, per-rank results, per-rank
+    [output log, NCCL log] paths, error)."""
+    logs = [os.path.join(outdir, "logs", f"{name}.rank{r}.log") for r in range(WORLD)]
+    nccl_logs = [os.path.join(outdir, "logs", f"{name}.rank{r}.nccl.log") for r in range(WORLD)]
+    results = [os.path.join(outdir, "work", f"{name}.rank{r}.json") for r in range(WORLD)]
+    store = os.path.join(outdir, "work", f"{name}.store")
+    for p in results + nccl_logs + [store]:
+        if os.path.exists(p):
+            os.remove(p)
+    if args.backend == "gloo":
+        plugin_vars = {}
+    elif so_path:
+        plugin_vars = plugin_env(info["nccl"], so_path)
+    else:
+        # The baseline must not load any external plugin: "none" (2.28+) or a
+        # name that does not exist (older releases log the dlopen miss).
+        plugin_vars = {"NCCL_NET_PLUGIN": "none"}
+    cmd = [sys.executable, os.path.abspath(__file__), "rank", "--mode", mode, "--backend", args.backend,
+           "--store", store, "--device", str(args.device), "--op-timeout", str(args.op_timeout),
+           "--max-bytes", str(args.max_bytes), "--factor", str(args.factor), "--dtypes", args.dtypes,
+           "--seed", str(args.seed), "--bench-min", str(args.bench_min), "--bench-max", str(args.bench_max),
+           "--bench-budget", str(args.bench_budget), "--bench-min-iters", str(args.bench_min_iters),
+           "--bench-max-iters", str(args.bench_max_iters)]
+    if args.corrupt:
+        cmd += ["--corrupt", args.corrupt]
+    procs, files = [], []
+    print(f"== {name}: {mode} with NCCL_NET={net}"
+          f"{' on ' + so_path if so_path and args.backend != 'gloo' else ''} "
+          f"(logs {os.path.join(outdir, 'logs', name)}.rank*.log)", flush=True)
+    t0 = time.monotonic()
+    try:
+        for r in range(WORLD):
+            f = open(logs[r], "w")
+            files.append(f)
+            procs.append(subprocess.Popen(cmd + ["--result", results[r]], stdin=subprocess.DEVNULL, stdout=f,
+                                          stderr=subprocess.STDOUT,
+                                          env=rank_env(os.environ, r, args.backend, net, plugin_vars, args,
+                                                       nccl_logs[r] if args.backend == "nccl" else None),
+                                          start_new_session=True))
+        deadline = t0 + args.phase_timeout
+        error = None
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                error = f"timed out after {args.phase_timeout}s (raise --phase-timeout / E2E_PHASE_TIMEOUT if the GPU is slow)"
+                break
+            dead = [p for p in procs if p.poll() not in (None, 0)]
+            if dead:
+                # One rank died: its peer would wait for it until the collective
+                # timeout; give it a moment to report, then stop it.
+                time.sleep(5)
+                error = f"rank exited with status {dead[0].returncode}"
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait()
+        for f in files:
+            f.close()
+    codes = [p.returncode for p in procs]
+    if error is None and any(c != 0 for c in codes):
+        error = f"rank exit statuses {codes}"
+    out = []
+    for r, path in enumerate(results):
+        if os.path.exists(path):
+            with open(path) as f:
+                out.append(json.load(f))
+        else:
+            out.append(None)
+            error = error or f"rank {r} wrote no result"
+    print(f"   {name}: {'ok' if error is None else 'FAILED: ' + error} in {time.monotonic() - t0:.1f}s", flush=True)
+    per_rank_logs = [[logs[r], nccl_logs[r]] for r in range(WORLD)]
+    if error:
+        for path in logs + nccl_logs:
+            if not os.path.exists(path):
+                continue
+            print(f"   --- last lines of {path}:")
+            with open(path, errors="replace") as f:
+                for line in f.readlines()[-15:]:
+                    print("   | " + line.rstrip())
+    return error is None, out, per_rank_logs, error
+
+
+def check_phase_logs(logs, net, so_path, expect_api):
+    """Log problems and rank-0 facts for one phase."""
+    problems, facts = [], None
+    library = os.path.basename(so_path) if so_path else None
+    for r, paths in enumerate(logs):
+        # NCCL's own file, plus the rank's output in case this NCCL ignored
+        # NCCL_DEBUG_FILE and logged to stdout.
+        text = ""
+        for path in paths:
+            if os.path.exists(path):
+                with open(path, errors="replace") as f:
+                    text += f.read()
+        p, fa = check_log(text, net, library=library, expect_api=expect_api)
+        problems += [f"rank {r}: {x}" for x in p]
+        if facts is None:
+            facts = fa
+    return problems, facts
+
+
+def summarize_cases(per_rank):
+    cases = [c for res in per_rank if res for c in res.get("cases", [])]
+    failed = [c for c in cases if not c["ok"]]
+    return len(cases), failed
+
+
+def write_results(path, info, args, phases, bench):
+    lines = ["## Real NCCL end to end (one GPU, two ranks posing as two hosts)", ""]
+    if args.backend == "gloo":
+        lines += ["**DRY RUN: gloo on CPU, no NCCL and no plugin involved; these numbers say nothing "
+                  "about the plugin.**", ""]
+    lines += [
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- host: {platform.node()}, {platform.platform()}",
+        f"- torch {info.get('torch')}, python {info.get('python')}"
+        + (f", CUDA {info.get('cuda')}, GPU {info.get('gpu')}" if "gpu" in info else ""),
+    ]
+    if "nccl" in info:
+        lines.append(f"- NCCL {fmt_version(info['nccl'])} (torch.cuda.nccl.version()); "
+                     f"highest net API it looks for: v{nccl_max_api(info['nccl'])}")
+    lines.append(f"- NCCL_SOCKET_IFNAME={args.ifname}, NCCL_GO_TRANSPORT={args.go_transport}"
+                 + (f", NCCL_CUMEM_ENABLE={args.cumem}" if args.cumem is not None else ""))
+    lines += ["", "### Phases", "", "| phase | library | API picked | transport | correctness cases | result |",
+              "|---|---|---|---|---:|---|"]
+    for ph in phases:
+        facts = ph.get("facts") or {}
+        lines.append(f"| {ph['name']} | {os.path.basename(ph['so']) if ph.get('so') else '-'} | "
+                     f"{('v' + str(facts['api'])) if 'api' in facts else '-'} | {facts.get('transport', '-')} | "
+                     f"{ph.get('ncases', '-')} | {ph['status']} |")
+    lines.append("")
+    go_init = next((ph.get("facts", {}) for ph in phases if (ph.get("facts") or {}).get("plugin_version")), {})
+    if go_init:
+        lines += [f"Plugin init line: libnccl-net-go {go_init['plugin_version']}, NCCL net API v{go_init['api']}, "
+                  f"transport {go_init['transport']}, {go_init['devices']}", ""]
+    if bench.get("Go") and bench.get("Socket"):
+        lines += ["### Bus bandwidth, NCCL_NET=Go vs NCCL_NET=Socket (float32, nccl-tests busbw formulas)", ""]
+        for op in OPS:
+            go = [r for r in bench["Go"] if r["op"] == op]
+            so = [r for r in bench["Socket"] if r["op"] == op]
+            lines += busbw_table(op, go, so)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def suite_main(args):
+    outdir = os.path.abspath(args.out)
+    try:
+        info = probe_torch(args.backend)
+    except UnsupportedMachine as e:
+        print(f"e2e: cannot run here: {e}", file=sys.stderr)
+        print(f"e2e: exit {EXIT_UNSUPPORTED} (unsupported machine; nothing was tested)", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    if args.backend == "nccl":
+        for p in (args.plugin, args.plugin_v9v10):
+            if p and not os.path.isfile(p):
+                print(f"e2e: plugin library {p} does not exist; build it (make {p}) or copy it here", file=sys.stderr)
+                return EXIT_USAGE
+        if not args.plugin:
+            print("e2e: --plugin is required with the nccl backend", file=sys.stderr)
+            return EXIT_USAGE
+    for d in ("logs", "work"):
+        os.makedirs(os.path.join(outdir, d), exist_ok=True)
+    desc = ", ".join(f"{k} {fmt_version(v) if k == 'nccl' else v}" for k, v in info.items())
+    print(f"e2e: {desc}; output in {outdir}", flush=True)
+
+    phases, bench, failures = [], {}, []
+
+    def run(name, mode, net, so, exported):
+        expect = expected_api(info["nccl"], exported) if args.backend == "nccl" and so else None
+        ph = {"name": name, "so": so, "net": net, "mode": mode}
+        phases.append(ph)
+        if args.backend == "nccl" and so and expect is None:
+            ph["status"] = (f"SKIPPED: NCCL {fmt_version(info['nccl'])} looks for nothing newer than "
+                            f"v{nccl_max_api(info['nccl'])}, the library exports only v{min(exported)}+")
+            print(f"== {name}: {ph['status']}", flush=True)
+            return None
+        ok, per_rank, logs, err = launch_phase(name, mode, net, so, info, args, outdir)
+        problems = [err] if err else []
+        if args.backend == "nccl":
+            lp, facts = check_phase_logs(logs, net, so, expect)
+            ph["facts"] = facts
+            problems += lp
+            if facts:
+                print(f"   {name}: log facts: " + json.dumps({k: v for k, v in facts.items() if k != 'warnings'}))
+                for w in facts.get("warnings", [])[:5]:
+                    print(f"   {name}: NCCL WARN: {w}")
+        if mode == "check":
+            n, failed = summarize_cases(per_rank)
+            ph["ncases"] = n
+            for c in failed[:20]:
+                problems.append(f"{c['op']} {c['dtype']} {fmt_bytes(c['bytes'])}: {c['mismatches']} mismatches, "
+                                f"max abs error {c['max_abs_err']:g}")
+            if len(failed) > 20:
+                problems.append(f"... and {len(failed) - 20} more failing cases")
+            if ok and n == 0:
+                problems.append("no cases ran")
+        ph["status"] = "passed" if not problems else f"FAILED ({len(problems)} problem(s))"
+        for p in problems:
+            print(f"   {name}: FAIL {p}", flush=True)
+        failures.extend(f"{name}: {p}" for p in problems)
+        return per_rank[0] if per_rank and per_rank[0] else None
+
+    if not args.skip_check:
+        run("check-full", "check", "Go", args.plugin, FULL_EXPORTS)
+        if args.plugin_v9v10:
+            run("check-v9v10", "check", "Go", args.plugin_v9v10, V9V10_EXPORTS)
+        elif args.backend == "nccl":
+            print("== check-v9v10: not run (no --plugin-v9v10 given)", flush=True)
+    if not args.skip_bench:
+        for net, so in (("Go", args.plugin), ("Socket", None)):
+            res = run(f"bench-{net.lower()}", "bench", net, so, FULL_EXPORTS)
+            if res:
+                bench[net] = res.get("bench", [])
+
+    results_md = os.path.join(outdir, "results.md")
+    write_results(results_md, info, args, phases, bench)
+    with open(results_md) as f:
+        print("\n" + f.read())
+    print(f"e2e: results in {results_md}; rank logs in {os.path.join(outdir, 'logs')}")
+    if failures:
+        print(f"e2e: FAILED: {len(failures)} problem(s)", file=sys.stderr)
+        return EXIT_FAIL
+    print("e2e: all phases passed")
+    return EXIT_OK
+
+
+def checklog_main(args):
+    info_api = None
+    if args.nccl_version:
+        v = tuple(int(x) for x in args.nccl_version.split("."))
+        info_api = expected_api(v, V9V10_EXPORTS if args.v9v10 else FULL_EXPORTS)
+    bad = 0
+    for path in args.logs:
+        with open(path, errors="replace") as f:
+            problems, facts = check_log(f.read(), args.net, library=args.library, expect_api=info_api)
+        print(f"{path}: {json.dumps(facts)}")
+        for p in problems:
+            print(f"{path}: FAIL {p}")
+        bad += len(problems)
+    return EXIT_FAIL if bad else EXIT_OK
+
+
+def env_default(name, default, conv=str):
+    v = os.environ.get(name)
+    return conv(v) if v not in (None, "") else default
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+        p.add_argument("--device", type=int, default=env_default("E2E_DEVICE", 0, int),
+                       help="CUDA device index both ranks share")
+        p.add_argument("--op-timeout", type=int, default=env_default("E2E_OP_TIMEOUT", 300, int),
+                       help="torch.distributed collective timeout, seconds")
+        p.add_argument("--max-bytes", type=int, default=env_default("E2E_MAX_BYTES", 256 * MIB, int),
+                       help="largest correctness size (sizes go 1 B, x factor, ..., this)")
+        p.add_argument("--factor", type=int, default=env_default("E2E_FACTOR", 4, int))
+        p.add_argument("--dtypes", default=env_default("E2E_DTYPES", "float32,int32,bfloat16,int8"))
+        p.add_argument("--seed", type=int, default=env_default("E2E_SEED", 1, int))
+        p.add_argument("--bench-min", type=int, default=env_default("E2E_BENCH_MIN", 1 * KIB, int))
+        p.add_argument("--bench-max", type=int, default=env_default("E2E_BENCH_MAX", 256 * MIB, int))
+        p.add_argument("--bench-budget", type=int, default=env_default("E2E_BENCH_BUDGET", 2 << 30, int),
+                       help="bytes per measured size: iterations = budget / size, clamped")
+        p.add_argument("--bench-min-iters", type=int, default=5)
+        p.add_argument("--bench-max-iters", type=int, default=100)
+
+    s = sub.add_parser("suite", help="run all phases and write results.md")
+    common(s)
+    s.add_argument("--plugin", help="libnccl-net-go.so to test (all ncclNetPlugin_vN tables)")
+    s.add_argument("--plugin-v9v10", help="the build that exports only ncclNetPlugin_v9 and _v10")
+    s.add_argument("--out", default=env_default("E2E_OUT", "build/e2e"))
+    s.add_argument("--ifname", default=env_default("E2E_IFNAME", "lo"),
+                   help="NCCL_SOCKET_IFNAME for bootstrap, NCCL's Socket and our socket transport")
+    s.add_argument("--go-transport", default=env_default("E2E_GO_TRANSPORT", "socket"),
+                   help="NCCL_GO_TRANSPORT for our plugin (socket compares like with like against NCCL Socket)")
+    s.add_argument("--cumem", default=env_default("E2E_CUMEM", None),
+                   help="NCCL_CUMEM_ENABLE value; default leaves NCCL's own default")
+    s.add_argument("--debug-subsys", default=env_default("E2E_DEBUG_SUBSYS", "INIT,NET"))
+    s.add_argument("--phase-timeout", type=int, default=env_default("E2E_PHASE_TIMEOUT", 900, int),
+                   help="wall-clock limit for one phase (both ranks), seconds")
+    s.add_argument("--skip-check", action="store_true")
+    s.add_argument("--skip-bench", action="store_true")
+    s.add_argument("--corrupt", choices=OPS, help=argparse.SUPPRESS)
+
+    r = sub.add_parser("rank", help="one rank (spawned by suite)")
+    common(r)
+    r.add_argument("--mode", choices=("check", "bench"), required=True)
+    r.add_argument("--store", required=True)
+    r.add_argument("--result", required=True)
+    r.add_argument("--corrupt", choices=OPS, help=argparse.SUPPRESS)
+
+    c = sub.add_parser("checklog", help="check existing rank logs")
+    c.add_argument("--net", default="Go")
+    c.add_argument("--library", default="libnccl-net-go.so")
+    c.add_argument("--nccl-version", help="e.g. 2.27.5, to check the API version NCCL picked")
+    c.add_argument("--v9v10", action="store_true", help="the logs are from the v9/v10-only build")
+    c.add_argument("logs", nargs="+")
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.cmd == "suite":
+        if args.max_bytes < 1 or args.factor < 2 or args.bench_min < 1 or args.bench_max < args.bench_min:
+            print("e2e: sizes must satisfy 1 <= bench-min <= bench-max, max-bytes >= 1, factor >= 2", file=sys.stderr)
+            return EXIT_USAGE
+        return suite_main(args)
+    if args.cmd == "rank":
+        return rank_main(args)
+    return checklog_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

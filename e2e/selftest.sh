@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Checks everything of the GPU end-to-end test that can be checked without a GPU
+# (part of `make test`, target e2e-selftest):
+#   1. shellcheck of e2e/*.sh, py_compile and pyflakes of e2e/*.py
+#   2. the Python unit tests (size ladders, busbw formulas, NCCL version and
+#      plugin environment, log checks on NCCL-format excerpts, the exit-77 path)
+#   3. a dry run of the whole suite with gloo on CPU instead of NCCL (the rank
+#      spawning, every collective, the CPU-side expected values, the bandwidth
+#      table), then the same with a corrupted result, which must fail
+#   4. run-gpu.sh on this GPU-less machine: it must stop with status 77
+# Steps 3-4 need PyTorch (Debian: python3-torch); without it they are skipped
+# with the reason printed. E2E_STRICT=1 turns those skips into failures.
+#
+#   e2e/selftest.sh [--plugin LIB.so --plugin-v9v10 LIB.so]
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+plugin=""; plugin_v9v10=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --plugin) plugin="$2"; shift 2 ;;
+    --plugin-v9v10) plugin_v9v10="$2"; shift 2 ;;
+    *) echo "selftest: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+skip() {
+  echo "e2e-selftest: SKIP $*"
+  if [ "${E2E_STRICT:-0}" = 1 ]; then echo "e2e-selftest: E2E_STRICT=1 forbids skips" >&2; exit 1; fi
+}
+
+# Which python has torch: E2E_PYTHON, else python3, else Debian's own python3
+# (a pyenv or venv python3 earlier on PATH does not see python3-torch).
+has_torch() { "$1" -c 'import torch, torch.distributed' >/dev/null 2>&1; }
+py="${E2E_PYTHON:-}"
+if [ -z "$py" ]; then
+  for cand in python3 /usr/bin/python3; do
+    if command -v "$cand" >/dev/null && has_torch "$cand"; then py="$cand"; break; fi
+  done
+fi
+torch_py=""
+if [ -n "$py" ] && has_torch "$py"; then torch_py="$py"; fi
+py="${py:-python3}"
+
+echo "e2e-selftest: shellcheck"
+command -v shellcheck >/dev/null || { echo "e2e-selftest: shellcheck missing (make deps installs it)" >&2; exit 1; }
+shellcheck "$here"/*.sh
+
+echo "e2e-selftest: py_compile"
+"$py" -m py_compile "$here"/*.py
+# py_compile leaves __pycache__ in the source tree; keep it out of git status.
+rm -rf "$here/__pycache__"
+
+# pyflakes finds undefined names in the NCCL-only branches, which no run here
+# reaches. Debian's module is installed for /usr/bin/python3.
+flakes=""
+for cand in "$py" /usr/bin/python3; do
+  if "$cand" -m pyflakes --version >/dev/null 2>&1; then flakes="$cand"; break; fi
+done
+if [ -n "$flakes" ]; then
+  echo "e2e-selftest: pyflakes"
+  "$flakes" -m pyflakes "$here"/*.py
+else
+  skip "pyflakes: no python3 here has it (install python3-pyflakes)"
+fi
+
+echo "e2e-selftest: unit tests ($("$py" --version 2>&1))"
+PYTHONDONTWRITEBYTECODE=1 "$py" -m unittest discover -s "$here" -p 'test_*.py'
+
+if [ -z "$torch_py" ]; then
+  skip "gloo dry run and run-gpu.sh exit-77 check: no python3 here imports torch (install python3-torch)"
+  exit 0
+fi
+
+small=(--max-bytes 65536 --bench-min 1024 --bench-max 262144 --bench-budget 8388608)
+echo "e2e-selftest: gloo dry run of the suite"
+if ! PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/dry" "${small[@]}" \
+    >"$work/dry.out" 2>&1; then
+  cat "$work/dry.out"; echo "e2e-selftest: FAIL the gloo dry run failed" >&2; exit 1
+fi
+grep -q "| check-full | - | - | - | [1-9][0-9]* | passed |" "$work/dry/results.md" ||
+  { cat "$work/dry/results.md"; echo "e2e-selftest: FAIL results.md lacks the passed correctness row" >&2; exit 1; }
+for op in all_reduce all_gather reduce_scatter broadcast sendrecv; do
+  grep -q "^#### $op" "$work/dry/results.md" ||
+    { echo "e2e-selftest: FAIL results.md has no $op bandwidth table" >&2; exit 1; }
+done
+
+echo "e2e-selftest: a corrupted all_gather result must fail the suite"
+set +e
+PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/bad" --skip-bench \
+  --max-bytes 1024 --corrupt all_gather >"$work/bad.out" 2>&1
+rc=$?
+set -e
+if [ $rc -ne 1 ] || ! grep -q "FAIL all_gather" "$work/bad.out"; then
+  cat "$work/bad.out"; echo "e2e-selftest: FAIL corruption went unnoticed (exit $rc)" >&2; exit 1
+fi
+
+if "$torch_py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  skip "run-gpu.sh exit-77 check: this machine has a CUDA GPU; run make e2e-gpu instead"
+elif [ -z "$plugin" ] || [ -z "$plugin_v9v10" ]; then
+  skip "run-gpu.sh exit-77 check: no --plugin/--plugin-v9v10 given"
+else
+  echo "e2e-selftest: run-gpu.sh without a GPU must exit 77"
+  set +e
+  E2E_PYTHON="$torch_py" "$here/run-gpu.sh" --plugin "$plugin" --plugin-v9v10 "$plugin_v9v10" --out "$work/gpu" \
+    >"$work/gpu.out" 2>&1
+  rc=$?
+  set -e
+  if [ $rc -ne 77 ] || ! grep -q "sees no CUDA GPU" "$work/gpu.out"; then
+    cat "$work/gpu.out"; echo "e2e-selftest: FAIL run-gpu.sh exited $rc, want 77 with a reason" >&2; exit 1
+  fi
+fi
+echo "e2e-selftest: passed"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Self-test of ncclnet-harness: run it against a deliberately broken plugin
+# (harness/testdata/badplugin.c) and require the failures to be reported, the
+# exit status to be 1 and a hang to be caught by the watchdog. This is what
+# shows the conformance checks can fail.
+#   harness/selftest.sh build/ncclnet-harness build/libnccl-net-bad.so
+set -uo pipefail
+H="$1"; BAD="$2"
+fail=0
+expect() { # expect <output> <pattern> <what>
+  if grep -qE -- "$2" <<<"$1"; then echo "ok   - $3"; else echo "FAIL - $3: no line matching /$2/"; fail=1; fi
+}
+out="$("$H" conformance --plugin "$BAD" --versions 8 --timeout 10 2>&1)"; rc=$?
+echo "$out" | sed 's/^/    | /'
+[ "$rc" -eq 1 ] && echo "ok   - exit status 1 with failures" || { echo "FAIL - exit status $rc, want 1"; fail=1; }
+expect "$out" '^PASS v8 load$' "a valid table loads"
+expect "$out" '^PASS v8 devices$' "devices > 0 passes"
+expect "$out" '^FAIL v8 getProperties: .*pciPath .* is not an absolute path' "relative pciPath caught"
+expect "$out" '^FAIL v8 getProperties-invalid-dev: ' "success for a missing device caught"
+expect "$out" '^FAIL v8 connect-accept-nonblocking: .*connect returned ncclSystemError' "connect error caught"
+expect "$out" '^[0-9]+ passed, [1-9][0-9]* failed$' "summary line"
+out="$(BADPLUGIN_HANG=1 "$H" conformance --plugin "$BAD" --versions 8 --timeout 3 --only connect-accept-nonblocking 2>&1)"; rc=$?
+echo "$out" | sed 's/^/    | /'
+[ "$rc" -eq 1 ] && echo "ok   - exit status 1 after a hang" || { echo "FAIL - exit status $rc after a hang, want 1"; fail=1; }
+expect "$out" '^FAIL v8 connect-accept-nonblocking: hung: rank 1 still inside "connect loop' "hang in connect caught by the watchdog"
+expect "$out" '^0 passed, 1 failed$' "hung check counted once"
+out="$("$H" conformance --plugin /nonexistent/libnccl-net-x.so --versions 9 2>&1)"; rc=$?
+[ "$rc" -eq 1 ] && echo "ok   - missing library fails" || { echo "FAIL - missing library: exit $rc"; fail=1; }
+expect "$out" '^FAIL v9 load: dlopen' "dlopen error reported"
+[ $fail -eq 0 ] && echo "harness self-test passed" || echo "harness self-test FAILED"
+exit $fail

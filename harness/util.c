@@ -1,0 +1,131 @@
+/* util.c: clocks, buffers, verifiable data patterns and small formatting helpers. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "harness.h"
+
+uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+double now_s(void) { return (double)now_ns() / 1e9; }
+
+void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+void* buf_alloc(size_t len) {
+  if (len == 0) len = 1;
+  void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  /* Large message buffers: 2 MiB pages cut page-fault time, which otherwise
+   * dominates filling and checking 1 GiB on a small VM. Advisory only. */
+  if (len >= (2u << 20)) madvise(p, len, MADV_HUGEPAGE);
+  return p;
+}
+
+void buf_free(void* p, size_t len) {
+  if (p == NULL) return;
+  if (len == 0) len = 1;
+  munmap(p, len);
+}
+
+/* splitmix64 of (seed, word index): stateless, so a check can start anywhere. */
+static inline uint64_t mix(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9E3779B97F4A7C15ull + (i + 1) * 0xD1B54A32D192ED03ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void pattern_fill(void* buf, size_t len, uint64_t seed) {
+  uint8_t* b = buf;
+  size_t words = len / 8;
+  for (size_t i = 0; i < words; i++) {
+    uint64_t v = mix(seed, i);
+    memcpy(b + i * 8, &v, 8);
+  }
+  if (len % 8) {
+    uint64_t v = mix(seed, words);
+    memcpy(b + words * 8, &v, len % 8);
+  }
+}
+
+long long pattern_check(const void* buf, size_t len, uint64_t seed) {
+  const uint8_t* b = buf;
+  size_t words = len / 8;
+  for (size_t i = 0; i < words; i++) {
+    uint64_t v = mix(seed, i), got;
+    memcpy(&got, b + i * 8, 8);
+    if (got != v) {
+      for (size_t k = 0; k < 8; k++)
+        if (((const uint8_t*)&v)[k] != b[i * 8 + k]) return (long long)(i * 8 + k);
+    }
+  }
+  if (len % 8) {
+    uint64_t v = mix(seed, words);
+    for (size_t k = 0; k < len % 8; k++)
+      if (((const uint8_t*)&v)[k] != b[words * 8 + k]) return (long long)(words * 8 + k);
+  }
+  return -1;
+}
+
+uint64_t mem_available(void) {
+  FILE* f = fopen("/proc/meminfo", "r");
+  if (f == NULL) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (sscanf(line, "MemAvailable: %llu kB", (unsigned long long*)&kb) == 1) break;
+  }
+  fclose(f);
+  return kb * 1024;
+}
+
+const char* result_str(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    case ncclTimeout: return "ncclTimeout";
+    default: return "unknown ncclResult_t";
+  }
+}
+
+int parse_size(const char* s, size_t* out) {
+  char* end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (errno != 0 || end == s) return -1;
+  unsigned long long mul = 1;
+  if (*end) {
+    if (!strcmp(end, "K") || !strcmp(end, "KiB") || !strcmp(end, "k")) mul = 1ull << 10;
+    else if (!strcmp(end, "M") || !strcmp(end, "MiB")) mul = 1ull << 20;
+    else if (!strcmp(end, "G") || !strcmp(end, "GiB")) mul = 1ull << 30;
+    else return -1;
+  }
+  if (v > (~0ull) / mul) return -1;
+  *out = (size_t)(v * mul);
+  return 0;
+}
+
+void fmt_size(char* out, size_t outlen, size_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) snprintf(out, outlen, "%zu GiB", b >> 30);
+  else if (b >= (1ull << 20) && b % (1ull << 20) == 0) snprintf(out, outlen, "%zu MiB", b >> 20);
+  else if (b >= (1ull << 10) && b % (1ull << 10) == 0) snprintf(out, outlen, "%zu KiB", b >> 10);
+  else snprintf(out, outlen, "%zu B", b);
+}
