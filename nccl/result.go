@@ -38,11 +38,13 @@ func (r Result) String() string {
 type Error struct {
 	Code Result
 	Msg  string
-	Err  error // optional cause
+	Err  error // optional cause, appended to Msg by Error()
+
+	msgHasCause bool // built by Errorf with %w: Msg already spells out Err
 }
 
 func (e *Error) Error() string {
-	if e.Err != nil {
+	if e.Err != nil && !e.msgHasCause {
 		return e.Msg + ": " + e.Err.Error()
 	}
 	return e.Msg
@@ -53,7 +55,8 @@ func (e *Error) Unwrap() error { return e.Err }
 // Errorf builds an *Error with a formatted message. A %w verb wraps its operand.
 func Errorf(code Result, format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
-	return &Error{Code: code, Msg: err.Error(), Err: errors.Unwrap(err)}
+	cause := errors.Unwrap(err)
+	return &Error{Code: code, Msg: err.Error(), Err: cause, msgHasCause: cause != nil}
 }
 
 // ResultOf maps an error to the ncclResult_t the glue returns to NCCL.

@@ -1,0 +1,30 @@
+// Package shm is the SDK example: a complete NCCL net transport for ranks on the
+// same host, written only against package nccl and built into its own
+// libnccl-net-shm.so by cmd/libnccl-net-shm and scripts/build-plugin.sh.
+//
+// It owns the shared-memory protocol. Each connection is one file in
+// NCCL_GO_SHM_DIR (default /dev/shm) that the listener creates and the
+// connector maps; the file is unlinked as soon as the connection is accepted,
+// so a finished or crashed job leaves nothing behind once both ends are gone.
+//
+// Connection set-up never blocks. The handle carries the file's path and a
+// random 32-byte secret; the connector proves it knows the secret with an
+// HMAC over a nonce the listener wrote into the file, and the listener answers
+// with its own HMAC, so neither side trusts a file or a peer that merely
+// guessed a name.
+//
+// The data path is receiver driven, like NCCL's IB transport: Irecv publishes
+// the posted buffers (sizes and tags) in a 32-slot clear-to-send FIFO; Isend
+// matches the oldest published receive, picks the buffer with its tag and
+// queues a descriptor; the payload then streams through a bounded byte ring
+// (NCCL_GO_SHM_RING_SIZE) in descriptor order, copied in by the sender's
+// Isend/Test and out by the receiver's Test. A send larger than its buffer is
+// refused on both sides with ncclInvalidUsage and nothing is written. Every
+// data-path call is a handful of atomic loads and bounded memcpy: no locks, no
+// allocation, no waiting.
+//
+// A peer's death is detected with a pidfd when both processes share a PID
+// namespace, else by a heartbeat each process bumps every 100 ms
+// (NCCL_GO_SHM_PEER_TIMEOUT); a peer that closed its end is noticed as soon as
+// the data it left behind has been consumed.
+package shm

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Tries the template as a new vendor would: the steps of docs/extending.md,
+# "Start from the template", run verbatim in a fresh module under build/, then
+# a load check of the result as NCCL would load it (dlopen, ncclNetPlugin_v10,
+# init, devices, getProperties). Exits non-zero at the first step that fails.
+#
+#   example/template/check.sh [loadcheck binary]
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+loadcheck="${1:-$repo/build/loadcheck}"
+mkdir -p "$repo/build"
+work="$(mktemp -d "$repo/build/template-check.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+# Step 1: copy the template into a new module of your own.
+cp -r "$repo/example/template/myfabric" "$repo/example/template/cmd" .
+go mod init example.com/myfabric
+# Step 2: depend on libnccl-net-go (a local checkout, through replace).
+go mod edit -require=github.com/libnccl-net-go/libnccl-net-go@v0.0.0 \
+  -replace=github.com/libnccl-net-go/libnccl-net-go="$repo"
+# Step 3: point the main package at your copy of the transport.
+sed -i 's#github.com/libnccl-net-go/libnccl-net-go/example/template/myfabric#example.com/myfabric/myfabric#' \
+  cmd/libnccl-net-myfabric/main.go
+go mod tidy
+go test ./...
+# Step 4: build the plugin library.
+"$repo/scripts/build-plugin.sh" --name MyFabric --out build/libnccl-net-myfabric.so ./cmd/libnccl-net-myfabric
+# Step 5: check that it loads.
+"$loadcheck" build/libnccl-net-myfabric.so
+nm -D --defined-only build/libnccl-net-myfabric.so | grep -q ' ncclNetPlugin_v12$'
+echo "template-check: the template builds into a loadable plugin following docs/extending.md"

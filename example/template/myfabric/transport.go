@@ -1,0 +1,70 @@
+package myfabric
+
+import (
+	"sync"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Transport is your fabric. The glue calls Init once per process, then
+// Devices/Properties, then Listen/Connect from several NCCL threads at once.
+type Transport struct {
+	mu  sync.Mutex
+	log nccl.Logger
+	// TODO: discovered devices.
+}
+
+// New is the factory handed to nccl.Register.
+func New() nccl.Transport { return &Transport{} }
+
+// Name is used in logs and by NCCL_GO_TRANSPORT.
+func (t *Transport) Name() string { return "myfabric" }
+
+// Init discovers devices. Return an error wrapping nccl.ErrNoDevice when this
+// host has no usable hardware, so the glue falls back quietly.
+func (t *Transport) Init(ctx nccl.InitContext) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.log = ctx.Log
+	// TODO: probe the hardware; read settings with nccl.EnvInt/EnvString/...
+	// (never os.Getenv: NCCL sets some after the library is loaded).
+	if nccl.EnvBool(t.log, "NCCL_MYFABRIC_DISABLE", false) {
+		return nccl.ErrNoDevice
+	}
+	return nil
+}
+
+// Devices is the number of devices found by Init.
+func (t *Transport) Devices() int { return 1 } // TODO
+
+// Properties describes device dev; the glue converts it for every API version.
+func (t *Transport) Properties(dev int) (nccl.Properties, error) {
+	if dev != 0 {
+		return nccl.Properties{}, nccl.Errorf(nccl.InvalidArgument, "NET/MyFabric : no device %d", dev)
+	}
+	return nccl.Properties{
+		Name:       "myfabric0", // TODO: the NIC's name; NCCL's topology key
+		PCIPath:    "",          // TODO: realpath of the NIC's sysfs PCI device; "" = virtual
+		PtrSupport: nccl.PtrHost,
+		Speed:      100000, // Mbps
+		MaxComms:   65536,
+		MaxRecvs:   1, // raise once Irecv handles grouped receives
+		RailID:     nccl.IDUndef,
+		PlaneID:    nccl.IDUndef,
+	}, nil
+}
+
+var errTODO = nccl.Errorf(nccl.InternalError, "NET/MyFabric : not implemented yet (this is the transport template)")
+
+// Listen must not block: write what the peer needs into handle and return.
+func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) {
+	return nil, errTODO // TODO
+}
+
+// Connect must not block: return (nil, nil) until the connection is ready.
+func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptions) (nccl.SendComm, error) {
+	return nil, errTODO // TODO
+}
+
+// Finalize releases what Init acquired.
+func (t *Transport) Finalize() error { return nil }

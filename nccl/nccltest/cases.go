@@ -1,0 +1,532 @@
+package nccltest
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// cases are the subtests, in the order they run. Names are stable: they are
+// what Options.Skip and `go test -run` select.
+var cases = []struct {
+	name string
+	body func(h *H)
+}{
+	{"Properties", testProperties},
+	{"ConnectAlternating", testConnect},
+	{"ListenerCloseUnused", testListenerClose},
+	{"ZeroByte", testZeroByte},
+	{"Sizes", testSizes},
+	{"RecvLargerThanSend", testRecvLarger},
+	{"Truncation", testTruncation},
+	{"GroupedDistinctTags", testGroupedDistinct},
+	{"GroupedEqualTags", testGroupedEqual},
+	{"FIFO", testFIFO},
+	{"SendBeforeRecv", testSendBeforeRecv},
+	{"InFlight", testInFlight},
+	{"Bidirectional", testBidirectional},
+	{"ManyComms", testManyComms},
+	{"TestNilSizes", testNilSizes},
+	{"RegMr", testRegMr},
+	{"RegMrConcurrent", testRegMrConcurrent},
+	{"ConcurrentSetup", testConcurrentSetup},
+	{"CloseOutstanding", testCloseOutstanding},
+}
+
+func testProperties(h *H) {
+	tr := h.suite.tr
+	var n int
+	h.call("Devices", func() { n = tr.Devices() })
+	if n <= 0 {
+		h.fatalf("Devices() = %d after a successful Init; NCCL disables a plugin with no device", n)
+	}
+	if h.suite.opts.Dev >= n {
+		h.fatalf("Options.Dev = %d but the transport has %d devices", h.suite.opts.Dev, n)
+	}
+	for d := 0; d < n; d++ {
+		var p nccl.Properties
+		var err error
+		h.call("Properties", func() { p, err = tr.Properties(d) })
+		h.NoError(err, "Properties(%d)", d)
+		bad := func(format string, args ...any) {
+			h.Errorf("device %d (%q): %s", d, p.Name, fmt.Sprintf(format, args...))
+		}
+		if p.Name == "" {
+			bad("empty Name (NCCL uses it as the topology key)")
+		}
+		if p.PtrSupport&nccl.PtrHost == 0 {
+			bad("PtrSupport %#x lacks PtrHost; NCCL stages through host memory whenever GPU-direct is off", p.PtrSupport)
+		}
+		if p.Speed <= 0 {
+			bad("Speed %d Mbps must be positive", p.Speed)
+		}
+		if p.MaxComms <= 0 {
+			bad("MaxComms %d must be positive", p.MaxComms)
+		}
+		if p.MaxRecvs < 1 || p.MaxRecvs > 64 {
+			bad("MaxRecvs %d outside [1, 64]", p.MaxRecvs)
+		}
+		if p.MaxP2PBytes < 0 || p.MaxP2PBytes > nccl.MaxNetSizeBytes {
+			bad("MaxP2PBytes %d outside (0, 2^40] (0 = default); NCCL fails set-up otherwise", p.MaxP2PBytes)
+		}
+		if p.MaxCollBytes < 0 {
+			bad("MaxCollBytes %d is negative", p.MaxCollBytes)
+		}
+		if p.Latency < 0 {
+			bad("Latency %v is negative", p.Latency)
+		}
+	}
+	for _, d := range []int{-1, n} {
+		var err error
+		h.call("Properties", func() { _, err = tr.Properties(d) })
+		if err == nil {
+			h.Errorf("Properties(%d) with %d devices succeeded; an out-of-range device must be an error", d, n)
+		}
+		var hd nccl.Handle
+		var l nccl.Listener
+		h.call("Listen", func() { l, err = tr.Listen(d, &hd) })
+		if err == nil {
+			h.Errorf("Listen(%d) with %d devices succeeded; an out-of-range device must be an error", d, n)
+			if l != nil {
+				h.closeBounded("Listener.Close", l.Close)
+			}
+		}
+	}
+}
+
+func testConnect(h *H) {
+	// connect alternates Connect and Accept from this goroutine; a transport
+	// that waits in either deadlocks here and the deadline reports it.
+	for i := 0; i < 3; i++ {
+		p := h.connect()
+		h.pump(h.newFlow(fmt.Sprintf("connection %d", i), p, []group{single(64, 64)}))
+		h.closePair(p)
+	}
+}
+
+func testListenerClose(h *H) {
+	var hd nccl.Handle
+	var l nccl.Listener
+	var err error
+	h.call("Listen", func() { l, err = h.suite.tr.Listen(h.suite.opts.Dev, &hd) })
+	h.NoError(err, "Listen")
+	if l == nil {
+		h.fatalf("Listen returned a nil listener and no error")
+	}
+	for i := 0; i < 3; i++ {
+		var r nccl.RecvComm
+		h.call("Accept", func() { r, err = l.Accept() })
+		h.NoError(err, "Accept with no connector")
+		if r != nil {
+			h.Errorf("Accept returned a comm although nobody connected")
+		}
+	}
+	h.closeBounded("Listener.Close", l.Close)
+}
+
+func testZeroByte(h *H) {
+	p := h.connect()
+	var gs []group
+	for i := 0; i < 16; i++ {
+		gs = append(gs, single(0, 0))
+	}
+	// Zero-byte messages mixed with data, into buffers that could hold more.
+	for i := 0; i < 8; i++ {
+		gs = append(gs, single(0, 4096), single(100*i+1, 4096))
+	}
+	h.pump(h.newFlow("zero-byte", p, gs))
+}
+
+func sizeList(max int) []int {
+	sizes := []int{0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 1000, 4095, 4096, 4097,
+		65535, 65536, 65537, 131072 + 3, 1<<20 - 1, 1 << 20, 1<<20 + 1, 4 << 20, 4<<20 + 13}
+	for s := 8 << 20; s <= max; s *= 2 {
+		sizes = append(sizes, s-5, s)
+	}
+	var out []int
+	for _, s := range sizes {
+		if s <= max {
+			out = append(out, s)
+		}
+	}
+	if out[len(out)-1] != max {
+		out = append(out, max)
+	}
+	return out
+}
+
+func testSizes(h *H) {
+	p := h.connect()
+	var gs []group
+	for _, s := range sizeList(h.suite.opts.MaxSize) {
+		gs = append(gs, single(s, s))
+	}
+	f := h.newFlow("sizes", p, gs)
+	// Keep at most a few large messages in memory at once.
+	f.maxRecvs, f.maxSends = 4, 4
+	h.pump(f)
+}
+
+func testRecvLarger(h *H) {
+	p := h.connect()
+	max := h.suite.opts.MaxSize
+	var gs []group
+	for _, s := range []int{0, 1, 100, 4096, 65536 + 7, 1 << 20} {
+		for _, extra := range []int{1, 4096, 1 << 20} {
+			if s+extra <= max {
+				gs = append(gs, single(s, s+extra))
+			}
+		}
+	}
+	h.pump(h.newFlow("receive larger than send", p, gs))
+}
+
+// testTruncation sends more than the posted receive holds, for a small
+// (header-sized) and a large message. The receive must fail with
+// InvalidUsage, nothing may be written past the buffer, and the sender must
+// finish one way or the other once the receiver gives up on the connection.
+func testTruncation(h *H) {
+	cases := []struct{ capacity, size int }{{8, 100}, {0, 1}, {64 << 10, 64<<10 + 1}, {1 << 20, 4 << 20}}
+	for _, c := range cases {
+		if c.size > h.suite.opts.MaxSize {
+			continue
+		}
+		truncate(h, c.capacity, c.size)
+	}
+}
+
+func truncate(h *H, capacity, size int) {
+	name := fmt.Sprintf("send %d bytes into a %d-byte receive", size, capacity)
+	p := h.connect()
+	mem := make([]byte, capacity+guard)
+	fillSentinel(mem)
+	data := make([]byte, size)
+	fillPattern(data, h.nextSeed())
+	h.mu.Lock()
+	h.flows = append(h.flows, &flow{recvs: []*recvOp{{mem: [][]byte{mem}}}, sends: []*sendOp{{data: data}}})
+	h.mu.Unlock()
+
+	var rreq, sreq nccl.Request = nccl.NoRequest, nccl.NoRequest
+	var err error
+	var rerr error
+	sizes := make([]int, 1)
+	sendDone, sendErr := false, error(nil)
+	for {
+		if rreq == nccl.NoRequest {
+			bufs := []nccl.RecvBuffer{{Data: ptr(mem), Size: capacity, Tag: 7}}
+			h.call("Irecv", func() { rreq, err = p.Recv.Irecv(bufs) })
+			h.NoError(err, "%s: Irecv", name)
+		}
+		if sreq == nccl.NoRequest {
+			h.call("Isend", func() { sreq, err = p.Send.Isend(ptr(data), size, 7, 0) })
+			h.NoError(err, "%s: Isend", name)
+		}
+		if rreq != nccl.NoRequest {
+			var done bool
+			h.call("RecvComm.Test", func() { done, rerr = p.Recv.Test(rreq, sizes) })
+			if rerr != nil {
+				break
+			}
+			if done {
+				h.fatalf("%s: the receive completed (reported %d bytes) instead of failing with InvalidUsage", name, sizes[0])
+			}
+		}
+		if sreq != nccl.NoRequest && !sendDone && sendErr == nil {
+			h.call("SendComm.Test", func() { sendDone, _, sendErr = p.Send.Test(sreq) })
+		}
+		if h.expired() {
+			h.fatalf("%s: the receive neither failed nor completed before the deadline", name)
+		}
+		runtime.Gosched()
+	}
+	if got := nccl.ResultOf(rerr); got != nccl.InvalidUsage {
+		h.Errorf("%s: receive failed with %v (%v), want %v", name, rerr, got, nccl.InvalidUsage)
+	}
+	if err := checkSentinel(mem, capacity); err != nil {
+		h.Errorf("%s: memory past the receive buffer was written: %v", name, err)
+	}
+	// NCCL aborts the communicator after such an error: the receiving end is
+	// closed, and the sending end must then finish (done or an error) so that
+	// its proxy does not spin forever.
+	h.closeBounded("RecvComm.Close", p.Recv.Close)
+	p.recvClosed = true
+	for !sendDone && sendErr == nil {
+		h.call("SendComm.Test", func() { sendDone, _, sendErr = p.Send.Test(sreq) })
+		if h.expired() {
+			h.fatalf("%s: after the receiver failed and closed, the send neither completed nor failed", name)
+		}
+		runtime.Gosched()
+	}
+	if err := checkSentinel(mem, capacity); err != nil {
+		h.Errorf("%s: memory past the receive buffer was written after the failure: %v", name, err)
+	}
+	h.closePair(p)
+}
+
+func (h *H) needGroups() int {
+	n := h.maxRecvs()
+	if n < 2 {
+		h.skip("the device reports MaxRecvs = %d: grouped receives do not apply", n)
+	}
+	return n
+}
+
+// groupedSizes mixes empty, small and striped-size messages in one group.
+func groupedSizes(n, round int) []int {
+	base := []int{0, 8, 4096, 200, 1 << 20, 65536, 1, 300 << 10}
+	out := make([]int, n)
+	for i := range out {
+		out[i] = base[(i+round)%len(base)]
+	}
+	return out
+}
+
+func testGroupedDistinct(h *H) {
+	n := h.needGroups()
+	p := h.connect()
+	var gs []group
+	for round := 0; round < 16; round++ {
+		var g group
+		sizes := groupedSizes(n, round)
+		for i := 0; i < n; i++ {
+			g.bufs = append(g.bufs, recvSpec{cap: sizes[i] + 64*round, tag: 100 + i})
+		}
+		// The sender posts in reverse tag order: each message must still land
+		// in the buffer carrying its tag, not in posting order.
+		for i := n - 1; i >= 0; i-- {
+			g.sends = append(g.sends, sendSpec{size: sizes[i], tag: 100 + i, slot: i})
+		}
+		gs = append(gs, g)
+	}
+	h.pump(h.newFlow("grouped, distinct tags", p, gs))
+}
+
+func testGroupedEqual(h *H) {
+	n := h.needGroups()
+	p := h.connect()
+	var gs []group
+	// NCCL passes the sender's rank as the tag of every buffer of a group
+	// (one peer per shared comm), so equal tags must fill buffers in order.
+	for round := 0; round < 16; round++ {
+		var g group
+		sizes := groupedSizes(n, round)
+		for i := 0; i < n; i++ {
+			g.bufs = append(g.bufs, recvSpec{cap: sizes[i] + 100, tag: 3})
+			g.sends = append(g.sends, sendSpec{size: sizes[i], tag: 3, slot: i})
+		}
+		gs = append(gs, g)
+	}
+	// Groups of different sizes on the same comm, as when subs come and go.
+	for k := 1; k <= n; k++ {
+		var g group
+		for i := 0; i < k; i++ {
+			g.bufs = append(g.bufs, recvSpec{cap: 1000, tag: 3})
+			g.sends = append(g.sends, sendSpec{size: 10 * (i + 1), tag: 3, slot: i})
+		}
+		gs = append(gs, g)
+	}
+	h.pump(h.newFlow("grouped, equal tags", p, gs))
+}
+
+func testFIFO(h *H) {
+	p := h.connect()
+	var gs []group
+	sizes := []int{3, 5000, 0, 1 << 20, 17, 70000, 128, 129, 2 << 20, 1}
+	for i := 0; i < 64; i++ {
+		s := sizes[i%len(sizes)]
+		gs = append(gs, single(s, 2<<20))
+	}
+	// Every message has its own pattern and size: out-of-order matching shows
+	// up as a size or data mismatch of a specific receive.
+	h.pump(h.newFlow("FIFO", p, gs))
+}
+
+func testSendBeforeRecv(h *H) {
+	p := h.connect()
+	var gs []group
+	for _, s := range []int{8, 0, 1 << 20, 4096, 3 << 20, 64} {
+		gs = append(gs, single(s, s))
+	}
+	f := h.newFlow("sends posted before receives", p, gs)
+	// NCCL's sender often runs ahead of the receiver; Isend may answer
+	// NoRequest until the receive is posted, but must neither fail nor block.
+	f.holdRecvs = 200
+	h.pump(f)
+}
+
+func testInFlight(h *H) {
+	n := h.maxRecvs()
+	p := h.connect()
+	var gs []group
+	for r := 0; r < nccl.MaxRequests; r++ {
+		var g group
+		for i := 0; i < n; i++ {
+			size := []int{8, 4096, 65536 + 1, 256 << 10}[(r+i)%4]
+			g.bufs = append(g.bufs, recvSpec{cap: size, tag: 9})
+			g.sends = append(g.sends, sendSpec{size: size, tag: 9, slot: i})
+		}
+		gs = append(gs, g)
+	}
+	f := h.newFlow(fmt.Sprintf("%d receives × %d buffers in flight", nccl.MaxRequests, n), p, gs)
+	// All 32 receives first, then all 32×n sends with no send tested until the
+	// last is posted: NCCL may have that many outstanding.
+	f.allRecvsFirst = true
+	f.holdSendTests = true
+	h.pump(f)
+}
+
+func mixedGroups(count, seedSize int) []group {
+	var gs []group
+	sizes := []int{8, 4 << 20, 0, 128 << 10, 1 << 20, 1, 4096, 512 << 10}
+	for i := 0; i < count; i++ {
+		s := sizes[(i+seedSize)%len(sizes)]
+		gs = append(gs, single(s, s+i%3))
+	}
+	return gs
+}
+
+func testBidirectional(h *H) {
+	ab := h.connect()
+	ba := h.connect()
+	h.pump(h.newFlow("A to B", ab, mixedGroups(48, 0)), h.newFlow("B to A", ba, mixedGroups(48, 3)))
+}
+
+func testManyComms(h *H) {
+	var flows []*flow
+	for i := 0; i < 8; i++ {
+		p := h.connect()
+		flows = append(flows, h.newFlow(fmt.Sprintf("comm %d", i), p, mixedGroups(16, i)))
+	}
+	h.pump(flows...)
+}
+
+func testNilSizes(h *H) {
+	p := h.connect()
+	f := h.newFlow("Test(sizes=nil)", p, mixedGroups(16, 1))
+	f.nilSizes = true
+	h.pump(f)
+}
+
+func testRegMr(h *H) {
+	p := h.connect()
+	buf := make([]byte, 1<<20)
+	props := h.props()
+	for _, c := range []struct {
+		name string
+		comm nccl.Comm
+	}{{"SendComm", p.Send}, {"RecvComm", p.Recv}} {
+		var mh nccl.MemHandle
+		var err error
+		h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(unsafe.Pointer(&buf[0]), len(buf), nccl.PtrHost) })
+		h.NoError(err, "%s.RegMr of host memory", c.name)
+		if mh == 0 {
+			h.Errorf("%s.RegMr returned the zero MemHandle for a successful registration", c.name)
+		}
+		h.call(c.name+".DeregMr", func() { err = c.comm.DeregMr(mh) })
+		h.NoError(err, "%s.DeregMr", c.name)
+		h.call(c.name+".DeregMr", func() { err = c.comm.DeregMr(0) })
+		h.NoError(err, "%s.DeregMr(0): NCCL deregisters failed registrations too", c.name)
+		if props.PtrSupport&nccl.PtrCUDA == 0 {
+			h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(unsafe.Pointer(&buf[0]), len(buf), nccl.PtrCUDA) })
+			if err == nil {
+				h.Errorf("%s.RegMr(PtrCUDA) succeeded on a device without PtrCUDA support", c.name)
+			}
+		}
+	}
+	runtime.KeepAlive(buf)
+	// The comm still moves data after registrations came and went.
+	h.pump(h.newFlow("after RegMr", p, mixedGroups(8, 2)))
+}
+
+func testRegMrConcurrent(h *H) {
+	p := h.connect()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	reg := func(c nccl.Comm, name string) {
+		defer wg.Done()
+		buf := make([]byte, 64<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			mh, err := c.RegMr(unsafe.Pointer(&buf[0]), len(buf), nccl.PtrHost)
+			if err != nil {
+				h.Errorf("%s.RegMr concurrent with the data path: %v", name, err)
+				return
+			}
+			if err := c.DeregMr(mh); err != nil {
+				h.Errorf("%s.DeregMr concurrent with the data path: %v", name, err)
+				return
+			}
+			runtime.Gosched()
+		}
+	}
+	wg.Add(2)
+	// NCCL's service thread registers user buffers while the progress thread
+	// is inside Isend/Irecv/Test on the same comm.
+	go reg(p.Send, "SendComm")
+	go reg(p.Recv, "RecvComm")
+	func() {
+		defer func() { close(stop); wg.Wait() }()
+		h.pump(h.newFlow("data path during RegMr", p, mixedGroups(64, 5)))
+	}()
+}
+
+func testConcurrentSetup(h *H) {
+	// NCCL sets up connections from one service thread per communicator, so
+	// Listen/Connect/Accept run concurrently on one transport.
+	const workers = 4
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 3; i++ {
+				p := h.connect()
+				h.pump(h.newFlow(fmt.Sprintf("worker %d connection %d", w, i), p, mixedGroups(4, w+i)))
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// testCloseOutstanding closes comms with receives that nothing will fill,
+// sends nobody receives, and a large transfer cut in the middle (what
+// ncclCommAbort does), then checks that the transport still works.
+func testCloseOutstanding(h *H) {
+	big := min(h.suite.opts.MaxSize, 64<<20)
+
+	idleRecv := h.connect()
+	fr := h.newFlow("receives never filled", idleRecv, []group{single(1<<20, 1<<20), single(8, 8), single(4<<20, 4<<20)})
+	fr.sends = nil // post only the receives
+	for i := 0; i < 50; i++ {
+		fr.step()
+	}
+
+	idleSend := h.connect()
+	fs := h.newFlow("sends never received", idleSend, []group{single(1<<20, 1<<20), single(8, 8), single(big, big)})
+	fs.recvs = nil // post only the sends
+	for i := 0; i < 50; i++ {
+		fs.step()
+	}
+
+	mid := h.connect()
+	fm := h.newFlow("cut mid-transfer", mid, []group{single(big, big), single(big, big)})
+	for i := 0; i < 20 && !fm.finished(); i++ {
+		fm.step()
+	}
+
+	for _, p := range []*Pair{idleRecv, idleSend, mid} {
+		h.closePair(p)
+	}
+	if h.failed() {
+		return
+	}
+	p := h.connect()
+	h.pump(h.newFlow("after closing with requests outstanding", p, mixedGroups(8, 0)))
+}

@@ -1,0 +1,34 @@
+// Package nccltest is a conformance suite for nccl.Transport implementations.
+// It owns the executable form of the contract NCCL's proxy relies on, so that
+// every transport of this project (socket, ib, the shared-memory example) and
+// every vendor transport is held to the same rules without a GPU, NCCL, or the
+// C glue:
+//
+//	func TestConformance(t *testing.T) {
+//		nccltest.Run(t, func() nccl.Transport { return myfabric.New() }, nccltest.Options{})
+//	}
+//
+// The suite runs in-process on host memory. It drives connection set-up the way
+// NCCL's GDR probe and bootstrap do: listen, connect and accept alternately from
+// one goroutine, so a transport whose Connect waits for Accept (or the reverse)
+// deadlocks and is reported as a hang, naming the call it was stuck in. The data
+// path is also driven from a single goroutine that polls every request, as
+// NCCL's progress thread does, so an Isend, Irecv or Test that blocks is caught
+// the same way. Every subtest runs under a deadline; a hang is a failure, never a
+// stuck `go test`.
+//
+// What is checked: device properties within NCCL's limits; non-blocking set-up;
+// 0-byte messages and sizes up to Options.MaxSize with patterned data compared
+// byte by byte; a receive larger than the send reporting the real size; a send
+// larger than the posted receive failing with nccl.InvalidUsage with nothing
+// written past the receive buffer (guard bytes); grouped receives of up to
+// MaxRecvs buffers where the sender's tag picks the buffer (distinct tags and the
+// equal tags NCCL really passes); FIFO matching; 32 receives and 32×MaxRecvs
+// sends in flight; both directions and several comms at once; Test with nil
+// sizes; RegMr/DeregMr (including DeregMr(0)) racing the data path; concurrent
+// connection set-up; and Close with requests outstanding returning promptly.
+//
+// Buffers are Go memory handed over as unsafe.Pointer to their first byte, the
+// way NCCL hands over C memory; the suite keeps them alive until the transport
+// reports completion or the comm is closed.
+package nccltest

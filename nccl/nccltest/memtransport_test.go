@@ -1,0 +1,273 @@
+package nccltest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// memTransport is a minimal in-process transport that follows the contract,
+// used to check the suite itself: it must pass, and each deliberately broken
+// variant (see suite_test.go) must fail.
+type memTransport struct {
+	mu        sync.Mutex
+	listeners map[uint64]*memListener
+	next      uint64
+
+	// Faults, for the suite's own tests.
+	blockConnect  bool // Connect waits for Accept
+	overrun       bool // a truncated receive writes past its buffer
+	ignoreTrunc   bool // a truncated receive reports success
+	fifoBroken    bool // a grouped receive fills buffers in arrival order, ignoring tags
+	hangClose     bool // Close waits for outstanding requests forever
+	refuseDereg0  bool
+	wrongSizeSent bool
+}
+
+func (t *memTransport) Name() string { return "mem" }
+func (t *memTransport) Init(nccl.InitContext) error {
+	t.listeners = map[uint64]*memListener{}
+	return nil
+}
+func (t *memTransport) Devices() int { return 1 }
+func (t *memTransport) Properties(dev int) (nccl.Properties, error) {
+	if dev != 0 {
+		return nccl.Properties{}, fmt.Errorf("no device %d", dev)
+	}
+	return nccl.Properties{Name: "mem0", PtrSupport: nccl.PtrHost, Speed: 1000, MaxComms: 1024, MaxRecvs: 8}, nil
+}
+func (t *memTransport) Finalize() error { return nil }
+
+type memListener struct {
+	t       *memTransport
+	id      uint64
+	pending chan *memConn
+}
+
+func (t *memTransport) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
+	if dev != 0 {
+		return nil, fmt.Errorf("no device %d", dev)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.next++
+	l := &memListener{t: t, id: t.next, pending: make(chan *memConn, 1)}
+	t.listeners[l.id] = l
+	binary.LittleEndian.PutUint64(h[:], l.id)
+	return l, nil
+}
+
+func (t *memTransport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (nccl.SendComm, error) {
+	t.mu.Lock()
+	l := t.listeners[binary.LittleEndian.Uint64(h[:])]
+	t.mu.Unlock()
+	if l == nil {
+		return nil, fmt.Errorf("no listener")
+	}
+	c := &memConn{t: t}
+	c.cond = sync.NewCond(&c.mu)
+	l.pending <- c
+	if t.blockConnect {
+		c.mu.Lock()
+		for !c.accepted {
+			c.cond.Wait()
+		}
+		c.mu.Unlock()
+	}
+	return &memSend{c}, nil
+}
+
+func (l *memListener) Accept() (nccl.RecvComm, error) {
+	select {
+	case c := <-l.pending:
+		c.mu.Lock()
+		c.accepted = true
+		c.cond.Broadcast()
+		c.mu.Unlock()
+		return &memRecv{c}, nil
+	default:
+		return nil, nil
+	}
+}
+
+func (l *memListener) Close() error {
+	l.t.mu.Lock()
+	delete(l.t.listeners, l.id)
+	l.t.mu.Unlock()
+	return nil
+}
+
+type memSendReq struct {
+	data  unsafe.Pointer
+	size  int
+	tag   int
+	done  bool
+	inUse bool
+}
+
+type memRecvReq struct {
+	bufs   [8]nccl.RecvBuffer
+	n      int
+	filled [8]bool
+	sizes  [8]int
+	got    int
+	err    error
+	inUse  bool
+}
+
+type memConn struct {
+	t        *memTransport
+	mu       sync.Mutex
+	cond     *sync.Cond
+	accepted bool
+	closed   atomic.Int32
+	sends    [nccl.MaxRequests * 8]memSendReq
+	sendQ    []int
+	recvs    [nccl.MaxRequests]memRecvReq
+	recvQ    []int
+}
+
+// progress matches queued sends with the oldest posted receive; c.mu held.
+func (c *memConn) progress() {
+	for len(c.sendQ) > 0 && len(c.recvQ) > 0 {
+		s := &c.sends[c.sendQ[0]]
+		r := &c.recvs[c.recvQ[0]]
+		slot := -1
+		for i := 0; i < r.n; i++ {
+			if !r.filled[i] && (c.t.fifoBroken || r.bufs[i].Tag == s.tag) {
+				slot = i
+				break
+			}
+		}
+		if slot < 0 {
+			return
+		}
+		b := r.bufs[slot]
+		n := s.size
+		if n > b.Size {
+			if !c.t.ignoreTrunc {
+				r.err = nccl.Errorf(nccl.InvalidUsage, "message truncated: %d > %d", s.size, b.Size)
+			}
+			n = b.Size
+			if c.t.overrun {
+				n = s.size
+			}
+		}
+		copy(nccl.HostBytes(b.Data, n), nccl.HostBytes(s.data, n))
+		r.filled[slot], r.sizes[slot] = true, n
+		r.got++
+		s.done = true
+		c.sendQ = c.sendQ[1:]
+		if r.got == r.n {
+			c.recvQ = c.recvQ[1:]
+		}
+	}
+}
+
+type memSend struct{ c *memConn }
+type memRecv struct{ c *memConn }
+
+func (s *memSend) Isend(data unsafe.Pointer, size, tag int, _ nccl.MemHandle) (nccl.Request, error) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.sends {
+		if !c.sends[i].inUse {
+			c.sends[i] = memSendReq{data: data, size: size, tag: tag, inUse: true}
+			c.sendQ = append(c.sendQ, i)
+			c.progress()
+			return nccl.Request(i), nil
+		}
+	}
+	return nccl.NoRequest, nil
+}
+
+func (s *memSend) Test(r nccl.Request) (bool, int, error) {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.progress()
+	q := &c.sends[r]
+	if !q.done {
+		return false, 0, nil
+	}
+	q.inUse = false
+	n := q.size
+	if c.t.wrongSizeSent {
+		n++
+	}
+	return true, n, nil
+}
+
+func (r *memRecv) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.recvs {
+		if !c.recvs[i].inUse {
+			q := memRecvReq{n: len(bufs), inUse: true}
+			copy(q.bufs[:], bufs)
+			c.recvs[i] = q
+			c.recvQ = append(c.recvQ, i)
+			c.progress()
+			return nccl.Request(i), nil
+		}
+	}
+	return nccl.NoRequest, nil
+}
+
+func (r *memRecv) Iflush([]nccl.RecvBuffer) (nccl.Request, error) { return nccl.NoRequest, nil }
+
+func (r *memRecv) Test(req nccl.Request, sizes []int) (bool, error) {
+	c := r.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.progress()
+	q := &c.recvs[req]
+	if q.err != nil {
+		return false, q.err
+	}
+	if q.got < q.n {
+		return false, nil
+	}
+	q.inUse = false
+	copy(sizes, q.sizes[:q.n])
+	return true, nil
+}
+
+func (c *memConn) regMr(_ unsafe.Pointer, _ int, t nccl.PtrType) (nccl.MemHandle, error) {
+	if t != nccl.PtrHost {
+		return 0, nccl.Errorf(nccl.InternalError, "host memory only")
+	}
+	return 1, nil
+}
+
+func (c *memConn) deregMr(mh nccl.MemHandle) error {
+	if mh == 0 && c.t.refuseDereg0 {
+		return fmt.Errorf("nil handle")
+	}
+	return nil
+}
+
+func (c *memConn) close() error {
+	if c.t.hangClose {
+		select {}
+	}
+	c.closed.Store(1)
+	return nil
+}
+
+func (s *memSend) RegMr(p unsafe.Pointer, n int, t nccl.PtrType) (nccl.MemHandle, error) {
+	return s.c.regMr(p, n, t)
+}
+func (s *memSend) DeregMr(mh nccl.MemHandle) error { return s.c.deregMr(mh) }
+func (s *memSend) Close() error                    { return s.c.close() }
+func (r *memRecv) RegMr(p unsafe.Pointer, n int, t nccl.PtrType) (nccl.MemHandle, error) {
+	return r.c.regMr(p, n, t)
+}
+func (r *memRecv) DeregMr(mh nccl.MemHandle) error { return r.c.deregMr(mh) }
+func (r *memRecv) Close() error                    { return r.c.close() }

@@ -1,0 +1,320 @@
+package nccltest
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Options tunes the suite. The zero value is a sensible default for a
+// transport over a local fabric (loopback TCP, shared memory, a local HCA).
+type Options struct {
+	// Dev is the device the suite listens and connects on.
+	Dev int
+	// MaxSize is the largest message sent (default 64 MiB). NCCL sends up to
+	// nccl.MaxNetSize (1 GiB) with registered buffers; raise it to that to
+	// check the full range (the suite then needs about 2.5 GiB of memory).
+	MaxSize int
+	// Timeout bounds each subtest, set-up and teardown included (default 60s).
+	// A subtest still running at the deadline fails as a hang, with the
+	// transport call it was inside and every goroutine's stack.
+	Timeout time.Duration
+	// CloseTimeout bounds one Close with requests outstanding (default 5s).
+	CloseTimeout time.Duration
+	// Log is handed to Init. By default WARN and INFO lines go to the test log.
+	Log nccl.Logger
+	// RequireDevice makes an Init error wrapping nccl.ErrNoDevice a failure.
+	// By default the suite is skipped, with the reason, on a host without the
+	// transport's hardware.
+	RequireDevice bool
+	// Skip names subtests not to run (for example "Truncation" for a transport
+	// under development); each skip is reported with the test output.
+	Skip []string
+}
+
+func (o *Options) fill() {
+	if o.MaxSize <= 0 {
+		o.MaxSize = 64 << 20
+	}
+	if o.MaxSize > nccl.MaxNetSize {
+		o.MaxSize = nccl.MaxNetSize
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 60 * time.Second
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 5 * time.Second
+	}
+}
+
+// Run runs the conformance suite as subtests of t. newTransport makes a fresh,
+// uninitialised transport; the suite initialises one, runs every subtest on it,
+// and finalises it at the end (NCCL too initialises a transport once per
+// process). A last subtest checks that Finalize returns.
+func Run(t *testing.T, newTransport func() nccl.Transport, opts Options) {
+	t.Helper()
+	opts.fill()
+	log := opts.Log
+	var tl *testLogger
+	if log == nil {
+		tl = &testLogger{t: t}
+		t.Cleanup(tl.stop)
+		log = tl
+	}
+	tr := newTransport()
+	if tr == nil {
+		t.Fatal("newTransport returned nil")
+	}
+	if err := tr.Init(nccl.InitContext{Log: log}); err != nil {
+		if errors.Is(err, nccl.ErrNoDevice) && !opts.RequireDevice {
+			t.Skipf("transport %s has no device on this host: %v", tr.Name(), err)
+		}
+		t.Fatalf("Init: %v", err)
+	}
+	s := &suite{tr: tr, opts: opts}
+	for _, c := range cases {
+		if s.skipped(c.name) {
+			t.Run(c.name, func(t *testing.T) { t.Skip("skipped by Options.Skip") })
+			continue
+		}
+		s.run(t, c.name, c.body)
+	}
+	s.run(t, "Finalize", func(h *H) {
+		h.call("Finalize", func() { h.NoError(tr.Finalize()) })
+	})
+}
+
+type suite struct {
+	tr   nccl.Transport
+	opts Options
+}
+
+func (s *suite) skipped(name string) bool {
+	for _, n := range s.opts.Skip {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// run executes body in its own goroutine under the deadline. Failures are
+// recorded by H (a testify TestingT) and reported from the test goroutine, so
+// a body abandoned after a hang can never touch a finished *testing.T.
+func (s *suite) run(t *testing.T, name string, body func(h *H)) {
+	t.Run(name, func(t *testing.T) {
+		h := &H{suite: s, deadline: time.Now().Add(s.opts.Timeout)}
+		h.op.Store(new(string))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			defer h.cleanup()
+			defer func() {
+				if r := recover(); r != nil {
+					h.Errorf("panic: %v\n%s", r, stack(false))
+				}
+			}()
+			body(h)
+		}()
+		timer := time.NewTimer(s.opts.Timeout)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+			h.abandon()
+			t.Errorf("hang: subtest still running after %v; it was inside %s\n%s", s.opts.Timeout, h.currentOp(), stack(true))
+		}
+		for _, e := range h.take() {
+			t.Error(e)
+		}
+		for _, m := range h.takeSkips() {
+			t.Skip(m)
+		}
+	})
+}
+
+func stack(all bool) string {
+	buf := make([]byte, 1<<20)
+	return string(buf[:runtime.Stack(buf, all)])
+}
+
+// H is the handle a subtest body uses. It implements testify's TestingT
+// (require.New(h) works); FailNow ends the body's goroutine.
+type H struct {
+	suite    *suite
+	deadline time.Time
+
+	mu        sync.Mutex
+	errs      []string
+	skips     []string
+	abandoned bool
+	cleanups  []func()
+	// flows keeps every buffer handed to the transport reachable until the
+	// comms are closed, even when the body ends early.
+	flows []*flow
+	seed  uint64
+
+	op atomic.Pointer[string]
+}
+
+// Errorf records a failure.
+func (h *H) Errorf(format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.abandoned {
+		h.errs = append(h.errs, fmt.Sprintf(format, args...))
+	}
+}
+
+// FailNow ends the subtest body.
+func (h *H) FailNow() { runtime.Goexit() }
+
+// Helper is a no-op, for testify.
+func (h *H) Helper() {}
+
+// skip ends the body and reports the subtest as skipped with the reason.
+func (h *H) skip(format string, args ...any) {
+	h.mu.Lock()
+	h.skips = append(h.skips, fmt.Sprintf(format, args...))
+	h.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (h *H) failed() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.errs) > 0
+}
+
+func (h *H) fatalf(format string, args ...any) {
+	h.Errorf(format, args...)
+	h.FailNow()
+}
+
+func (h *H) abandon() {
+	h.mu.Lock()
+	h.abandoned = true
+	h.mu.Unlock()
+}
+
+func (h *H) take() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.errs
+	h.errs = nil
+	return e
+}
+
+func (h *H) takeSkips() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.errs) > 0 {
+		return nil
+	}
+	return h.skips
+}
+
+// defer registers f to run when the body ends (in reverse order), whether it
+// failed or not.
+func (h *H) defer_(f func()) {
+	h.mu.Lock()
+	h.cleanups = append(h.cleanups, f)
+	h.mu.Unlock()
+}
+
+func (h *H) cleanup() {
+	for {
+		h.mu.Lock()
+		n := len(h.cleanups)
+		if n == 0 {
+			h.mu.Unlock()
+			return
+		}
+		f := h.cleanups[n-1]
+		h.cleanups = h.cleanups[:n-1]
+		h.mu.Unlock()
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					h.Errorf("panic during cleanup: %v\n%s", r, stack(false))
+				}
+			}()
+			f()
+		}()
+	}
+}
+
+// call runs one transport call, recording its name so that a hang inside it is
+// reported by name.
+func (h *H) call(name string, f func()) {
+	prev := h.op.Load()
+	n := name
+	h.op.Store(&n)
+	f()
+	h.op.Store(prev)
+}
+
+func (h *H) currentOp() string {
+	if p := h.op.Load(); p != nil && *p != "" {
+		return "transport call " + *p
+	}
+	return "the suite's polling loop (no transport call in progress)"
+}
+
+// expired reports whether the subtest's deadline passed; polling loops check it
+// so that a transport that never completes (rather than blocks) is reported
+// with what was being waited for.
+func (h *H) expired() bool { return time.Now().After(h.deadline) }
+
+// NoError records err as a failure and ends the body.
+func (h *H) NoError(err error, msgAndArgs ...any) {
+	if err != nil {
+		h.fatalf("%sunexpected error: %v (%v)", prefix(msgAndArgs), err, nccl.ResultOf(err))
+	}
+}
+
+func prefix(msgAndArgs []any) string {
+	if len(msgAndArgs) == 0 {
+		return ""
+	}
+	if f, ok := msgAndArgs[0].(string); ok {
+		return fmt.Sprintf(f, msgAndArgs[1:]...) + ": "
+	}
+	return fmt.Sprint(msgAndArgs...) + ": "
+}
+
+// testLogger forwards the transport's log to the top-level test until the
+// test ends; lines after that (from goroutines a transport leaked, or from a
+// body abandoned after a hang) are dropped rather than panicking the binary.
+type testLogger struct {
+	mu      sync.Mutex
+	t       *testing.T
+	stopped bool
+}
+
+func (l *testLogger) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+}
+
+func (l *testLogger) logf(level, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.stopped {
+		l.t.Logf("%s %s", level, strings.TrimRight(fmt.Sprintf(format, args...), "\n"))
+	}
+}
+
+func (l *testLogger) Warnf(format string, args ...any) { l.logf("WARN", format, args...) }
+func (l *testLogger) Infof(_ nccl.Subsys, format string, args ...any) {
+	l.logf("INFO", format, args...)
+}
+func (l *testLogger) Tracef(nccl.Subsys, string, ...any) {}

@@ -1,0 +1,65 @@
+package nccltest
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+func TestMemTransportConformance(t *testing.T) {
+	Run(t, func() nccl.Transport { return &memTransport{} }, Options{MaxSize: 16 << 20})
+}
+
+// faults maps a broken variant of memTransport to the subtest that must catch
+// it and a phrase its failure must contain.
+var faults = map[string]struct {
+	mk      func() *memTransport
+	subtest string
+	want    string
+}{
+	"blockConnect": {func() *memTransport { return &memTransport{blockConnect: true} }, "ConnectAlternating", "inside transport call Connect"},
+	"overrun":      {func() *memTransport { return &memTransport{overrun: true} }, "Truncation", "past the receive buffer"},
+	"ignoreTrunc":  {func() *memTransport { return &memTransport{ignoreTrunc: true} }, "Truncation", "instead of failing with InvalidUsage"},
+	"fifoBroken":   {func() *memTransport { return &memTransport{fifoBroken: true} }, "GroupedDistinctTags", "grouped, distinct tags"},
+	"hangClose":    {func() *memTransport { return &memTransport{hangClose: true} }, "CloseOutstanding", "did not return within"},
+	"refuseDereg0": {func() *memTransport { return &memTransport{refuseDereg0: true} }, "RegMr", "DeregMr(0)"},
+	"wrongSize":    {func() *memTransport { return &memTransport{wrongSizeSent: true} }, "Sizes", "bytes sent"},
+}
+
+// TestFaultyTransport runs the suite on one broken transport when re-executed
+// by TestSuiteCatchesFaults; on its own it is skipped.
+func TestFaultyTransport(t *testing.T) {
+	name := os.Getenv("NCCLTEST_FAULT")
+	if name == "" {
+		t.Skip("only runs re-executed by TestSuiteCatchesFaults")
+	}
+	f := faults[name]
+	Run(t, func() nccl.Transport { return f.mk() }, Options{MaxSize: 1 << 20, Timeout: 3 * time.Second, CloseTimeout: time.Second})
+}
+
+// TestSuiteCatchesFaults checks that the suite can fail: each broken
+// transport must make its subtest fail with a message saying what is wrong
+// (and a hang must be reported, not hang the test binary).
+func TestSuiteCatchesFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("re-executes the test binary once per fault")
+	}
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	for name, f := range faults {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(exe, "-test.run=^TestFaultyTransport$/^"+f.subtest+"$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "NCCLTEST_FAULT="+name)
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err, "the suite passed a transport with fault %s:\n%s", name, out)
+			assert.Contains(t, string(out), "--- FAIL: TestFaultyTransport/"+f.subtest)
+			assert.Contains(t, string(out), f.want)
+		})
+	}
+}
