@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,29 +60,54 @@ func KindOf(r nccl.Result) ErrKind {
 
 // LatencyBuckets are the upper bounds, in seconds, of the completion-latency
 // histogram: from 1 µs (small messages on a fast fabric) to 10 s (stalls).
-var LatencyBuckets = []float64{
+// The counters are fixed-size arrays, so this is an array, not a slice.
+var LatencyBuckets = [...]float64{
 	1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4,
 	1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 }
 
-var latencyBoundsNs = func() []int64 {
-	b := make([]int64, len(LatencyBuckets))
+var latencyBoundsNs = func() (b [len(LatencyBuckets)]int64) {
 	for i, s := range LatencyBuckets {
 		b[i] = int64(s * 1e9)
 	}
-	return b
+	return
 }()
 
 // histogram is a lock-free fixed-bucket histogram; counts[len(bounds)] is +Inf.
 type histogram struct {
-	counts [23]atomic.Uint64
+	counts [len(LatencyBuckets) + 1]atomic.Uint64
 	sumNs  atomic.Int64
 }
 
+// observe is on the hot path: an open-coded binary search (sort.Search would
+// cost an indirect call per probe) and two atomic adds.
 func (h *histogram) observe(ns int64) {
-	i := sort.Search(len(latencyBoundsNs), func(i int) bool { return latencyBoundsNs[i] >= ns })
-	h.counts[i].Add(1)
+	lo, hi := 0, len(latencyBoundsNs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if latencyBoundsNs[m] < ns {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	h.counts[lo].Add(1)
 	h.sumNs.Add(ns)
+}
+
+// dirCounters are one direction's counters. Send and receive are usually
+// progressed by different threads, so each direction gets its own cache lines.
+type dirCounters struct {
+	bytes       atomic.Uint64
+	msgs        atomic.Uint64
+	inflight    atomic.Int64
+	connsOpen   atomic.Int64
+	connsOpened atomic.Uint64
+	connsClosed atomic.Uint64
+	stalls      atomic.Uint64
+	errors      [numErrKinds]atomic.Uint64
+	latency     histogram
+	_           [64]byte
 }
 
 // Device holds one device's counters. Every method is a handful of atomic adds:
@@ -94,16 +118,8 @@ type Device struct {
 	Name      string
 	Port      int
 
-	bytes       [numDirs]atomic.Uint64
-	msgs        [numDirs]atomic.Uint64
-	inflight    [numDirs]atomic.Int64
-	connsOpen   [numDirs]atomic.Int64
-	connsOpened [numDirs]atomic.Uint64
-	connsClosed [numDirs]atomic.Uint64
-	errors      [numDirs][numErrKinds]atomic.Uint64
-	latency     [numDirs]histogram
-	flushes     atomic.Uint64
-	stalls      [numDirs]atomic.Uint64
+	dir     [numDirs]dirCounters
+	flushes atomic.Uint64
 
 	// Memory registration cache (transports with a cache report here).
 	MRHits       atomic.Uint64
@@ -112,48 +128,52 @@ type Device struct {
 }
 
 // RequestPosted counts a request handed to the transport.
-func (d *Device) RequestPosted(dir Dir) { d.inflight[dir].Add(1) }
+func (d *Device) RequestPosted(dir Dir) { d.dir[dir].inflight.Add(1) }
 
 // RequestDone counts a completed request of bytes bytes that was posted at
-// startNs (a monotonic nanosecond clock reading, see Now).
+// startNs (a monotonic nanosecond clock reading, see Now). startNs 0 means the
+// post time is unknown and the request stays out of the latency histogram.
 func (d *Device) RequestDone(dir Dir, bytes int, startNs int64) {
-	d.inflight[dir].Add(-1)
-	d.bytes[dir].Add(uint64(bytes))
-	d.msgs[dir].Add(1)
+	c := &d.dir[dir]
+	c.inflight.Add(-1)
+	c.bytes.Add(uint64(bytes))
+	c.msgs.Add(1)
 	if startNs != 0 {
-		d.latency[dir].observe(Now() - startNs)
+		c.latency.observe(Now() - startNs)
 	}
 }
 
 // RequestFailed counts a request that completed with an error.
 func (d *Device) RequestFailed(dir Dir, kind ErrKind) {
-	d.inflight[dir].Add(-1)
-	d.errors[dir][kind].Add(1)
+	c := &d.dir[dir]
+	c.inflight.Add(-1)
+	c.errors[kind].Add(1)
 }
 
-// RequestAbandoned drops a request that will never be tested (its comm closed).
-func (d *Device) RequestAbandoned(dir Dir) { d.inflight[dir].Add(-1) }
+// RequestAbandoned drops a request that will never be tested (its comm closed)
+// or that moved no bytes (a flush).
+func (d *Device) RequestAbandoned(dir Dir) { d.dir[dir].inflight.Add(-1) }
 
 // CallFailed counts an error returned by a call that created no request
 // (connect, accept, isend/irecv refusing input, ...).
-func (d *Device) CallFailed(dir Dir, kind ErrKind) { d.errors[dir][kind].Add(1) }
+func (d *Device) CallFailed(dir Dir, kind ErrKind) { d.dir[dir].errors[kind].Add(1) }
 
 // ConnOpened / ConnClosed track connections (send comms and recv comms).
 func (d *Device) ConnOpened(dir Dir) {
-	d.connsOpen[dir].Add(1)
-	d.connsOpened[dir].Add(1)
+	d.dir[dir].connsOpen.Add(1)
+	d.dir[dir].connsOpened.Add(1)
 }
 
 func (d *Device) ConnClosed(dir Dir) {
-	d.connsOpen[dir].Add(-1)
-	d.connsClosed[dir].Add(1)
+	d.dir[dir].connsOpen.Add(-1)
+	d.dir[dir].connsClosed.Add(1)
 }
 
 // Flushed counts a GPU-direct flush.
 func (d *Device) Flushed() { d.flushes.Add(1) }
 
 // Stalled counts a request reported as stalled (once per request).
-func (d *Device) Stalled(dir Dir) { d.stalls[dir].Add(1) }
+func (d *Device) Stalled(dir Dir) { d.dir[dir].stalls.Add(1) }
 
 // Snapshot is a consistent-enough copy of a device's counters for exposition
 // and logs (each counter is read atomically; the set is not a transaction).
@@ -178,21 +198,22 @@ type Snapshot struct {
 func (d *Device) Snapshot() Snapshot {
 	s := Snapshot{Transport: d.Transport, Name: d.Name, Port: d.Port}
 	for dir := 0; dir < int(numDirs); dir++ {
-		s.Bytes[dir] = d.bytes[dir].Load()
-		s.Msgs[dir] = d.msgs[dir].Load()
-		s.Inflight[dir] = d.inflight[dir].Load()
-		s.ConnsOpen[dir] = d.connsOpen[dir].Load()
-		s.ConnsOpened[dir] = d.connsOpened[dir].Load()
-		s.ConnsClosed[dir] = d.connsClosed[dir].Load()
+		c := &d.dir[dir]
+		s.Bytes[dir] = c.bytes.Load()
+		s.Msgs[dir] = c.msgs.Load()
+		s.Inflight[dir] = c.inflight.Load()
+		s.ConnsOpen[dir] = c.connsOpen.Load()
+		s.ConnsOpened[dir] = c.connsOpened.Load()
+		s.ConnsClosed[dir] = c.connsClosed.Load()
 		for k := range s.Errors[dir] {
-			s.Errors[dir][k] = d.errors[dir][k].Load()
+			s.Errors[dir][k] = c.errors[k].Load()
 		}
-		s.LatencyCounts[dir] = make([]uint64, len(d.latency[dir].counts))
-		for i := range d.latency[dir].counts {
-			s.LatencyCounts[dir][i] = d.latency[dir].counts[i].Load()
+		s.LatencyCounts[dir] = make([]uint64, len(c.latency.counts))
+		for i := range c.latency.counts {
+			s.LatencyCounts[dir][i] = c.latency.counts[i].Load()
 		}
-		s.LatencySumSec[dir] = float64(d.latency[dir].sumNs.Load()) / 1e9
-		s.Stalls[dir] = d.stalls[dir].Load()
+		s.LatencySumSec[dir] = float64(c.latency.sumNs.Load()) / 1e9
+		s.Stalls[dir] = c.stalls.Load()
 	}
 	s.Flushes = d.flushes.Load()
 	s.MRHits, s.MRMisses, s.MRRegistered = d.MRHits.Load(), d.MRMisses.Load(), d.MRRegistered.Load()

@@ -1,0 +1,320 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Settings, read at Start through nccl's env helpers (NCCL applies nccl.conf
+// with setenv after the library is loaded).
+const (
+	envPort        = "NCCL_GO_METRICS_PORT"
+	envBind        = "NCCL_GO_METRICS_BIND"
+	envLocalRank   = "NCCL_GO_METRICS_LOCAL_RANK"
+	envTextfileDir = "NCCL_GO_METRICS_TEXTFILE_DIR"
+	envInterval    = "NCCL_GO_METRICS_INTERVAL"
+
+	defaultBind     = "127.0.0.1"
+	defaultInterval = 15 * time.Second
+	// minInterval keeps a typo such as NCCL_GO_METRICS_INTERVAL=0.001 from
+	// turning the writer into a busy loop.
+	minInterval = 100 * time.Millisecond
+	// minStaleAge is how long another process's textfile must have gone
+	// unwritten before we delete it as stale.
+	minStaleAge = 2 * time.Minute
+	// shutdownWait bounds how long Stop waits for a scrape in progress.
+	shutdownWait = 2 * time.Second
+)
+
+// localRankVars are consulted in order when NCCL_GO_METRICS_LOCAL_RANK is
+// unset: torchrun/generic, Open MPI, Slurm, MPICH/Intel MPI.
+var localRankVars = []string{"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}
+
+// exporter is one Start..Stop lifetime of the exposition.
+type exporter struct {
+	log       nccl.Logger
+	reg       *prometheus.Registry
+	localRank int
+
+	server   *http.Server
+	addr     string // actual listen address, for logs and tests
+	serveErr chan error
+
+	textfile string // full path of our .prom file; "" when off
+	interval time.Duration
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+var state struct {
+	sync.Mutex
+	refs int
+	exp  *exporter
+}
+
+// Start begins exposing the metrics as configured by the environment. NCCL may
+// init and finalize the plugin several times per process, so Start and Stop are
+// reference counted: the first Start sets up the endpoint and textfile writer,
+// later ones only count, and the matching last Stop tears them down. Failing to
+// expose (port in use, unwritable directory) is a WARN, never an error: the
+// plugin must keep moving data without its metrics endpoint.
+func Start(log nccl.Logger, info Info) {
+	if log == nil {
+		log = nccl.DiscardLogger{}
+	}
+	state.Lock()
+	defer state.Unlock()
+	state.refs++
+	if state.refs > 1 {
+		return
+	}
+	state.exp = startExporter(log, info)
+}
+
+// Stop undoes one Start. The last one closes the endpoint, writes nothing more
+// and removes the textfile (a file left behind would show a dead process's
+// counters as current). Stop without a matching Start does nothing.
+func Stop() {
+	state.Lock()
+	defer state.Unlock()
+	if state.refs == 0 {
+		return
+	}
+	state.refs--
+	if state.refs > 0 {
+		return
+	}
+	if state.exp != nil {
+		state.exp.close()
+		state.exp = nil
+	}
+}
+
+// Gatherer returns the plugin's registry between Start and the last Stop (nil
+// otherwise), whether or not an endpoint or textfile is configured, for an
+// application that wants to expose the plugin's metrics itself.
+func Gatherer() prometheus.Gatherer {
+	state.Lock()
+	defer state.Unlock()
+	if state.exp == nil {
+		return nil
+	}
+	return state.exp.reg
+}
+
+// LocalRank is this process's rank on its node as the metrics see it:
+// NCCL_GO_METRICS_LOCAL_RANK, else the launcher's variable, else 0.
+func LocalRank(log nccl.Logger) int {
+	if log == nil {
+		log = nccl.DiscardLogger{}
+	}
+	for _, name := range append([]string{envLocalRank}, localRankVars...) {
+		if r, set := envNonNegative(log, name, fmt.Sprintf("set %s to this process's rank on the node", envLocalRank)); set && r >= 0 {
+			return r
+		}
+	}
+	return 0
+}
+
+// envNonNegative reads name as an integer >= 0. set reports whether it has a
+// value at all; a value that is not such an integer gets a WARN (with hint) and
+// n = -1.
+func envNonNegative(log nccl.Logger, name, hint string) (n int, set bool) {
+	v, ok := nccl.LookupEnv(name)
+	v = strings.TrimSpace(v)
+	if !ok || v == "" {
+		return -1, false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		log.Warnf("NET/Go : metrics: ignoring %s=%q: expected an integer >= 0; %s", name, v, hint)
+		return -1, true
+	}
+	return n, true
+}
+
+func startExporter(log nccl.Logger, info Info) *exporter {
+	// Off by default: without either variable nothing listens and nothing is
+	// written; the registry still exists for Gatherer.
+	port, _ := envNonNegative(log, envPort, "no metrics endpoint")
+	dir := nccl.EnvString(envTextfileDir, "")
+	rankLog := log
+	if port < 0 && dir == "" {
+		rankLog = nccl.DiscardLogger{} // a launcher's odd LOCAL_RANK is no concern then
+	}
+	rank := LocalRank(rankLog)
+	e := &exporter{log: log, reg: newRegistry(info, rank), localRank: rank}
+	if port >= 0 {
+		e.listen(int64(port), nccl.EnvString(envBind, defaultBind))
+	}
+	if dir != "" {
+		e.startTextfile(dir)
+	}
+	return e
+}
+
+func (e *exporter) listen(base int64, bind string) {
+	port := base + int64(e.localRank)
+	if base == 0 || port > 65535 {
+		e.log.Warnf("NET/Go : metrics: %s=%d + local rank %d gives port %d, outside 1..65535; set %s to a base port such that base + local rank is valid; continuing without the metrics endpoint",
+			envPort, base, e.localRank, port, envPort)
+		return
+	}
+	addr := net.JoinHostPort(bind, strconv.FormatInt(port, 10))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		hint := fmt.Sprintf("set %s to a free base port (the port used is base + local rank)", envPort)
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			hint += fmt.Sprintf(" or %s to a local address", envBind)
+		}
+		e.log.Warnf("NET/Go : metrics: cannot listen on %s (%s=%d + local rank %d): %v; %s; continuing without the metrics endpoint",
+			addr, envPort, base, e.localRank, err, hint)
+		return
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{
+		ErrorLog:      promLogger{e.log},
+		ErrorHandling: promhttp.ContinueOnError,
+		// A stuck scraper must not hold goroutines and sockets forever.
+		Timeout: 10 * time.Second,
+	}))
+	e.server = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       60 * time.Second,
+	}
+	e.addr = ln.Addr().String()
+	e.serveErr = make(chan error, 1)
+	go func() { e.serveErr <- e.server.Serve(ln) }()
+	e.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : metrics: serving http://%s/metrics (local rank %d)", e.addr, e.localRank)
+}
+
+// TextfileName is the file a process writes in NCCL_GO_METRICS_TEXTFILE_DIR.
+// The pid keeps processes of different jobs on one node apart; the rank says
+// which GPU's process wrote it. No hostname: the directory is per node.
+func TextfileName(localRank, pid int) string {
+	return fmt.Sprintf("ncclnet_go_rank%d_pid%d.prom", localRank, pid)
+}
+
+func (e *exporter) startTextfile(dir string) {
+	e.interval = nccl.EnvDuration(e.log, envInterval, defaultInterval, time.Second)
+	if e.interval < minInterval {
+		e.log.Warnf("NET/Go : metrics: %s=%v is too short; using %v", envInterval, e.interval, minInterval)
+		e.interval = minInterval
+	}
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		if err == nil {
+			err = errors.New("not a directory")
+		}
+		e.log.Warnf("NET/Go : metrics: %s=%s: %v; set it to an existing directory that node_exporter's textfile collector reads; no metrics file will be written",
+			envTextfileDir, dir, err)
+		return
+	}
+	e.removeStaleTextfiles(dir)
+	e.textfile = filepath.Join(dir, TextfileName(e.localRank, os.Getpid()))
+	e.stop = make(chan struct{})
+	e.done = make(chan struct{})
+	failing := !e.writeTextfile(false)
+	go e.textfileLoop(failing)
+	e.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : metrics: writing %s every %v", e.textfile, e.interval)
+}
+
+// removeStaleTextfiles deletes files left by processes that died without a
+// final Stop (a crash, a kill, or NCCL before net API v11, which never
+// finalizes a plugin): node_exporter would otherwise export their last values
+// as current forever. A file counts as stale only if its pid is gone AND it
+// has not been rewritten for staleAge, because a directory shared between pid
+// namespaces (containers) can hold live files whose pid means nothing here.
+func (e *exporter) removeStaleTextfiles(dir string) {
+	staleAge := 3 * e.interval
+	if staleAge < minStaleAge {
+		staleAge = minStaleAge
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "ncclnet_go_rank*_pid*.prom"))
+	for _, path := range matches {
+		var rank, pid int
+		if n, _ := fmt.Sscanf(filepath.Base(path), "ncclnet_go_rank%d_pid%d.prom", &rank, &pid); n != 2 || pid == os.Getpid() {
+			continue
+		}
+		if pid > 0 && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue // alive, or not ours to judge (EPERM)
+		}
+		st, err := os.Stat(path)
+		if err != nil || time.Since(st.ModTime()) < staleAge {
+			continue
+		}
+		if err := os.Remove(path); err == nil {
+			e.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : metrics: removed %s left by exited process %d", path, pid)
+		}
+	}
+}
+
+func (e *exporter) textfileLoop(failing bool) {
+	defer close(e.done)
+	t := time.NewTicker(e.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case <-t.C:
+			failing = !e.writeTextfile(failing)
+		}
+	}
+}
+
+// writeTextfile replaces the file atomically: prometheus.WriteToTextfile writes
+// a temporary file in the same directory (named without the .prom suffix, so
+// the textfile collector ignores it) and renames it over ours, so a reader sees
+// the old content or the new, never a partial file. Only the first failure of a
+// run of failures is a WARN; a full disk must not flood NCCL's log.
+func (e *exporter) writeTextfile(failing bool) bool {
+	err := prometheus.WriteToTextfile(e.textfile, e.reg)
+	switch {
+	case err != nil && !failing:
+		e.log.Warnf("NET/Go : metrics: cannot write %s: %v; will retry every %v (check %s)", e.textfile, err, e.interval, envTextfileDir)
+	case err == nil && failing:
+		e.log.Infof(nccl.SubsysNet, "NET/Go : metrics: writing %s again", e.textfile)
+	}
+	return err == nil
+}
+
+func (e *exporter) close() {
+	if e.server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownWait)
+		if err := e.server.Shutdown(ctx); err != nil {
+			e.server.Close()
+		}
+		cancel()
+		<-e.serveErr
+	}
+	if e.stop != nil {
+		close(e.stop)
+		<-e.done
+		if err := os.Remove(e.textfile); err != nil && !os.IsNotExist(err) {
+			e.log.Warnf("NET/Go : metrics: cannot remove %s: %v; node_exporter will keep exporting its stale values until it is deleted", e.textfile, err)
+		}
+	}
+}
+
+// promLogger routes promhttp's gathering errors to NCCL's log.
+type promLogger struct{ log nccl.Logger }
+
+func (l promLogger) Println(v ...any) {
+	l.log.Warnf("NET/Go : metrics: %s", fmt.Sprint(v...))
+}

@@ -1,0 +1,317 @@
+package metrics
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var testInfo = Info{PluginVersion: "test", APIVersion: "v12", Transport: "socket"}
+
+func TestOffByDefault(t *testing.T) {
+	stopAll(t)
+	setEnv(t, map[string]string{"LOCAL_RANK": "garbage"})
+	log := &recLogger{}
+	Start(log, testInfo)
+	e := currentExporter(t)
+	assert.Nil(t, e.server, "no endpoint unless NCCL_GO_METRICS_PORT is set")
+	assert.Empty(t, e.textfile, "no file unless NCCL_GO_METRICS_TEXTFILE_DIR is set")
+	assert.NotNil(t, Gatherer())
+	assert.Empty(t, log.Warns(), "nothing to warn about when metrics are not exposed")
+	Stop()
+	assert.Nil(t, Gatherer())
+}
+
+func TestEndpointServesDeviceCounters(t *testing.T) {
+	stopAll(t)
+	port := freePort(t)
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port), "LOCAL_RANK": "0"})
+	d := newTestDevice(t, "socket", 0)
+	d.RequestPosted(Send)
+	d.RequestDone(Send, 12345, Now())
+
+	log := &recLogger{}
+	Start(log, testInfo)
+	e := currentExporter(t)
+	require.Equal(t, fmt.Sprintf("127.0.0.1:%d", port), e.addr)
+	mfs := scrape(t, e.addr)
+	assert.Equal(t, 12345.0, value(t, mfs, "ncclnet_bytes_total", "device", d.Name, "direction", "send"))
+	assert.Equal(t, 1.0, value(t, mfs, "ncclnet_info", "version", "test", "nccl_net_api", "v12", "transport", "socket"))
+
+	// Counters are read at scrape time: new traffic shows on the next scrape.
+	d.RequestPosted(Send)
+	d.RequestDone(Send, 5, Now())
+	mfs = scrape(t, e.addr)
+	assert.Equal(t, 12350.0, value(t, mfs, "ncclnet_bytes_total", "device", d.Name, "direction", "send"))
+	assert.Empty(t, log.Warns())
+
+	Stop()
+	_, err := net.Dial("tcp", e.addr)
+	assert.Error(t, err, "the endpoint must be closed by the last Stop")
+}
+
+func TestPortOffsetByLocalRank(t *testing.T) {
+	stopAll(t)
+	port := freePort(t)
+	require.Greater(t, port, 5)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"NCCL_GO_METRICS_LOCAL_RANK wins", map[string]string{"NCCL_GO_METRICS_LOCAL_RANK": "5", "LOCAL_RANK": "1", "SLURM_LOCALID": "2"}},
+		{"LOCAL_RANK", map[string]string{"LOCAL_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}},
+		{"OMPI_COMM_WORLD_LOCAL_RANK", map[string]string{"OMPI_COMM_WORLD_LOCAL_RANK": "5", "SLURM_LOCALID": "1"}},
+		{"SLURM_LOCALID", map[string]string{"SLURM_LOCALID": "5", "MPI_LOCALRANKID": "1"}},
+		{"MPI_LOCALRANKID", map[string]string{"MPI_LOCALRANKID": "5"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.env["NCCL_GO_METRICS_PORT"] = strconv.Itoa(port - 5)
+			setEnv(t, tc.env)
+			log := &recLogger{}
+			Start(log, testInfo)
+			defer Stop()
+			e := currentExporter(t)
+			assert.Equal(t, 5, e.localRank)
+			require.Equal(t, fmt.Sprintf("127.0.0.1:%d", port), e.addr, "port = base + local rank")
+			mfs := scrape(t, e.addr)
+			assert.Equal(t, 1.0, value(t, mfs, "ncclnet_info", "local_rank", "5"))
+			assert.Empty(t, log.Warns())
+		})
+	}
+}
+
+func TestLocalRankFallsBackPastBadValues(t *testing.T) {
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_LOCAL_RANK": "x", "LOCAL_RANK": "-1", "SLURM_LOCALID": "4"})
+	log := &recLogger{}
+	assert.Equal(t, 4, LocalRank(log))
+	warns := log.Warns()
+	require.Len(t, warns, 2)
+	assert.Contains(t, warns[0], `NCCL_GO_METRICS_LOCAL_RANK="x"`)
+	assert.Contains(t, warns[1], `LOCAL_RANK="-1"`)
+
+	setEnv(t, map[string]string{})
+	assert.Equal(t, 0, LocalRank(nil))
+}
+
+func TestPortInUseWarnsAndKeepsWorking(t *testing.T) {
+	stopAll(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer busy.Close()
+	port := busy.Addr().(*net.TCPAddr).Port
+	dir := t.TempDir()
+	setEnv(t, map[string]string{
+		"NCCL_GO_METRICS_PORT":         strconv.Itoa(port - 2),
+		"NCCL_GO_METRICS_LOCAL_RANK":   "2",
+		"NCCL_GO_METRICS_TEXTFILE_DIR": dir,
+	})
+	log := &recLogger{}
+	Start(log, testInfo)
+	defer Stop()
+
+	warns := log.Warns()
+	require.Len(t, warns, 1)
+	assert.Contains(t, warns[0], fmt.Sprintf("127.0.0.1:%d", port))
+	assert.Contains(t, warns[0], "NCCL_GO_METRICS_PORT")
+	assert.Contains(t, warns[0], "address already in use")
+	e := currentExporter(t)
+	assert.Nil(t, e.server)
+	// The rest of the exposition still works.
+	assert.NotNil(t, Gatherer())
+	assert.FileExists(t, filepath.Join(dir, TextfileName(2, os.Getpid())))
+}
+
+func TestBadSettingsWarn(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		warn string
+	}{
+		{map[string]string{"NCCL_GO_METRICS_PORT": "http"}, `NCCL_GO_METRICS_PORT="http"`},
+		{map[string]string{"NCCL_GO_METRICS_PORT": "0"}, "outside 1..65535"},
+		{map[string]string{"NCCL_GO_METRICS_PORT": "65535", "LOCAL_RANK": "1"}, "gives port 65536"},
+		{map[string]string{"NCCL_GO_METRICS_PORT": "9400", "NCCL_GO_METRICS_BIND": "192.0.2.1"}, "NCCL_GO_METRICS_BIND"},
+		{map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": "/nonexistent/dir"}, "NCCL_GO_METRICS_TEXTFILE_DIR=/nonexistent/dir"},
+		{map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": "/etc/hostname"}, "not a directory"},
+	} {
+		t.Run(tc.warn, func(t *testing.T) {
+			stopAll(t)
+			setEnv(t, tc.env)
+			log := &recLogger{}
+			Start(log, testInfo)
+			defer Stop()
+			warns := log.Warns()
+			require.Len(t, warns, 1, "%v", warns)
+			assert.Contains(t, warns[0], tc.warn)
+			assert.Nil(t, currentExporter(t).server)
+		})
+	}
+}
+
+func TestStartStopRefcounted(t *testing.T) {
+	stopAll(t)
+	dir := t.TempDir()
+	port := freePort(t)
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port), "NCCL_GO_METRICS_TEXTFILE_DIR": dir})
+	file := filepath.Join(dir, TextfileName(0, os.Getpid()))
+
+	Stop() // without Start: nothing happens
+	log := &recLogger{}
+	Start(log, testInfo)
+	e := currentExporter(t)
+	Start(log, testInfo) // NCCL initialising again must not try to listen twice
+	assert.Same(t, e, currentExporter(t))
+	assert.Empty(t, log.Warns())
+
+	Stop()
+	scrape(t, e.addr) // still served: one Start is outstanding
+	assert.FileExists(t, file)
+
+	Stop()
+	assert.NoFileExists(t, file, "the textfile is removed at the last Stop")
+	_, err := net.Dial("tcp", e.addr)
+	assert.Error(t, err)
+	Stop()
+
+	// A later init (NCCL re-initialising after finalize) exposes again.
+	Start(log, testInfo)
+	scrape(t, currentExporter(t).addr)
+	assert.FileExists(t, file)
+	Stop()
+	assert.Empty(t, log.Warns())
+}
+
+// TestTextfileIsReplacedAtomically has readers check every version of the file
+// they can see while the writer rewrites it as fast as it is allowed to: each
+// must be a complete exposition (every family, ending in a newline, parsing
+// strictly), and no temporary file may carry the .prom suffix the textfile
+// collector reads.
+func TestTextfileIsReplacedAtomically(t *testing.T) {
+	stopAll(t)
+	dir := t.TempDir()
+	setEnv(t, map[string]string{
+		"NCCL_GO_METRICS_TEXTFILE_DIR": dir,
+		"NCCL_GO_METRICS_INTERVAL":     "0.1", // the minimum: 100 ms
+		"OMPI_COMM_WORLD_LOCAL_RANK":   "6",
+	})
+	d := newTestDevice(t, "socket", 0)
+	log := &recLogger{}
+	Start(log, testInfo)
+	file := filepath.Join(dir, TextfileName(6, os.Getpid()))
+	require.FileExists(t, file, "the first file is written at Start")
+
+	// Enough traffic that the file is large (many devices), so a non-atomic
+	// write would be caught half-way.
+	for i := 0; i < 50; i++ {
+		newTestDevice(t, "socket", i)
+	}
+	stopTraffic := make(chan struct{})
+	var traffic sync.WaitGroup
+	traffic.Add(1)
+	go func() {
+		defer traffic.Done()
+		for {
+			select {
+			case <-stopTraffic:
+				return
+			default:
+				d.RequestPosted(Recv)
+				d.RequestDone(Recv, 7, Now())
+			}
+		}
+	}()
+
+	wantFamilies := 14
+	versions := map[string]bool{}
+	// Bounded by reads, not time: a slow machine sees fewer versions, which is
+	// checked below only as "more than one".
+	for reads := 0; reads < 200000 && len(versions) < 5; reads++ {
+		ents, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		for _, ent := range ents {
+			if strings.HasSuffix(ent.Name(), ".prom") {
+				require.Equal(t, filepath.Base(file), ent.Name(), "only our file may end in .prom")
+			}
+		}
+		b, err := os.ReadFile(file)
+		require.NoError(t, err, "the file must never be missing while running")
+		if versions[string(b)] {
+			continue
+		}
+		versions[string(b)] = true
+		require.True(t, bytes.HasSuffix(b, []byte("\n")), "truncated file")
+		mfs := parseText(t, bytes.NewReader(b))
+		require.Len(t, mfs, wantFamilies, "a family is missing: partial file")
+		require.Equal(t, 1.0, value(t, mfs, "ncclnet_info", "local_rank", "6"))
+		value(t, mfs, "ncclnet_bytes_total", "device", d.Name, "direction", "recv")
+	}
+	close(stopTraffic)
+	traffic.Wait()
+	assert.Greater(t, len(versions), 1, "the file must be rewritten every interval")
+
+	// The final content has the exact byte count once traffic stopped.
+	sent := d.Snapshot().Bytes[Recv]
+	Stop()
+	assert.NoFileExists(t, file)
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, ents, "no temporary files left behind")
+
+	// And the exposition reports bytes exactly (write one more time directly).
+	e := &exporter{log: log, reg: newRegistry(testInfo, 6), textfile: file, interval: minInterval}
+	require.True(t, e.writeTextfile(false))
+	b, err := os.ReadFile(file)
+	require.NoError(t, err)
+	mfs := parseText(t, bytes.NewReader(b))
+	assert.Equal(t, float64(sent), value(t, mfs, "ncclnet_bytes_total", "device", d.Name, "direction", "recv"))
+	assert.Empty(t, log.Warns())
+}
+
+func TestTextfileWriteFailureWarnsOnce(t *testing.T) {
+	dir := t.TempDir()
+	log := &recLogger{}
+	e := &exporter{log: log, reg: newRegistry(testInfo, 0), textfile: filepath.Join(dir, "gone", "x.prom"), interval: minInterval}
+	ok := e.writeTextfile(false)
+	require.False(t, ok)
+	require.False(t, e.writeTextfile(!ok))
+	assert.Len(t, log.Warns(), 1, "a run of failures is one WARN")
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "gone"), 0o755))
+	assert.True(t, e.writeTextfile(true))
+	assert.Len(t, log.Warns(), 1)
+}
+
+func TestStaleTextfilesOfExitedProcessesAreRemoved(t *testing.T) {
+	stopAll(t)
+	dir := t.TempDir()
+	old := time.Now().Add(-time.Hour)
+	write := func(name string, mtime time.Time) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte("ncclnet_info 1\n"), 0o644))
+		require.NoError(t, os.Chtimes(p, mtime, mtime))
+		return p
+	}
+	// A pid that surely does not exist: beyond the kernel's pid_max limit.
+	deadOld := write("ncclnet_go_rank3_pid99999999.prom", old)
+	deadFresh := write("ncclnet_go_rank4_pid99999998.prom", time.Now())
+	aliveOld := write(TextfileName(5, os.Getppid()), old)
+	other := write("node_gpu.prom", old)
+
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": dir})
+	log := &recLogger{}
+	Start(log, testInfo)
+	defer Stop()
+	assert.NoFileExists(t, deadOld, "exited process, not written for an hour")
+	assert.FileExists(t, deadFresh, "recently written: may be a live process in another pid namespace")
+	assert.FileExists(t, aliveOld, "its process is alive")
+	assert.FileExists(t, other, "not ours")
+	assert.Empty(t, log.Warns())
+}

@@ -1,0 +1,282 @@
+#!/usr/bin/env bash
+# The check functions are only called through wait_until, which shellcheck
+# cannot follow.
+# shellcheck disable=SC2317
+# End-to-end check of the plugin's metrics with a real Prometheus server.
+#
+# 1. HTTP mode: starts Prometheus (random free port, temporary storage,
+#    scrape_interval 1s) scraping NCCL_GO_METRICS_PORT + local rank for ranks 0
+#    and 1, runs `ncclnet-harness transfer` (a receiver and a sender process;
+#    the harness gives them LOCAL_RANK 0 and 1) and checks through Prometheus's
+#    HTTP API that the sender's sent bytes and the receiver's received bytes
+#    both equal size * iters, and that `promtool check metrics` accepts the
+#    exposition of both processes.
+# 2. Textfile mode: runs the transfer again with NCCL_GO_METRICS_TEXTFILE_DIR
+#    and checks the same counters in the files, promtool on them, and that the
+#    files are gone once the processes finalized.
+#
+# Every wait is bounded; everything started here is killed on exit.
+set -euo pipefail
+
+PLUGIN=build/libnccl-net-go.so
+HARNESS=build/ncclnet-harness
+SIZE=1048576
+ITERS=64
+VERSION=""
+LINGER=6
+usage() {
+  echo "usage: $0 [--plugin SO] [--harness BIN] [--size BYTES] [--iters N] [--version V] [--linger SEC]" >&2
+  exit 2
+}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --plugin) PLUGIN=$2; shift 2 ;;
+    --harness) HARNESS=$2; shift 2 ;;
+    --size) SIZE=$2; shift 2 ;;
+    --iters) ITERS=$2; shift 2 ;;
+    --version) VERSION=$2; shift 2 ;;
+    --linger) LINGER=$2; shift 2 ;;
+    *) usage ;;
+  esac
+done
+
+log() { echo "prometheus-e2e: [${SECONDS}s] $*"; }
+for tool in prometheus promtool curl jq setsid timeout; do
+  command -v "$tool" >/dev/null || { log "FAIL: $tool not found (make deps installs prometheus, curl, jq)"; exit 1; }
+done
+for f in "$PLUGIN" "$HARNESS"; do
+  [ -e "$f" ] || { log "FAIL: $f does not exist (make $f)"; exit 1; }
+done
+PLUGIN=$(realpath "$PLUGIN")
+HARNESS=$(realpath "$HARNESS")
+EXPECT=$((SIZE * ITERS))
+
+TMP=$(mktemp -d /tmp/ncclnet-prom-e2e.XXXXXX)
+# Process groups started here (setsid makes each command its own group leader,
+# so killing the group also gets the harness's forked children).
+GROUPS_STARTED=()
+cleanup() {
+  local rc=$?
+  for g in "${GROUPS_STARTED[@]}"; do
+    kill -TERM -- "-$g" 2>/dev/null || true
+  done
+  for g in "${GROUPS_STARTED[@]}"; do
+    for _ in $(seq 50); do kill -0 -- "-$g" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL -- "-$g" 2>/dev/null || true
+  done
+  if [ "$rc" -ne 0 ] && [ -d "$TMP" ]; then
+    for f in "$TMP"/*.log; do
+      [ -e "$f" ] || continue
+      echo "---- $(basename "$f") (last 40 lines) ----"
+      tail -n 40 "$f"
+    done
+  fi
+  rm -rf "$TMP"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+fail() { log "FAIL: $*"; exit 1; }
+
+# start NAME CMD... runs CMD in its own session in the background, logging to
+# $TMP/NAME.log, and sets STARTED_PID.
+start() {
+  local name=$1; shift
+  setsid "$@" >"$TMP/$name.log" 2>&1 </dev/null &
+  STARTED_PID=$!
+  GROUPS_STARTED+=("$STARTED_PID")
+}
+
+# port_free P: nothing accepts connections on 127.0.0.1:P.
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# free_ports N: a base port such that base..base+N-1 are free.
+free_ports() {
+  local n=$1 base i ok
+  for _ in $(seq 100); do
+    base=$((20000 + RANDOM % 40000))
+    ok=1
+    for ((i = 0; i < n; i++)); do port_free $((base + i)) || { ok=0; break; }; done
+    [ "$ok" = 1 ] && { echo "$base"; return 0; }
+  done
+  return 1
+}
+
+# wait_until SECONDS CMD...: retries CMD every 0.2 s until it succeeds.
+wait_until() {
+  local deadline=$((SECONDS + $1)); shift
+  until "$@"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.2
+  done
+}
+
+harness_args=(transfer --plugin "$PLUGIN" --size "$SIZE" --iters "$ITERS" --linger "$LINGER")
+[ -n "$VERSION" ] && harness_args+=(--version "$VERSION")
+# Bounds the whole transfer, so a hang fails the test instead of stalling CI.
+HARNESS_TIMEOUT=$((120 + LINGER))
+
+# The harness must pick the local ranks itself; a value inherited from the CI
+# environment would put both processes on one port.
+unset NCCL_GO_METRICS_LOCAL_RANK LOCAL_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_LOCALID MPI_LOCALRANKID \
+  NCCL_GO_METRICS_PORT NCCL_GO_METRICS_TEXTFILE_DIR NCCL_GO_METRICS_INTERVAL NCCL_GO_METRICS_BIND
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+
+########## 1. HTTP endpoint scraped by Prometheus ##########
+PROM_PORT=$(free_ports 1) || fail "no free port for Prometheus"
+METRICS_BASE=$(free_ports 2) || fail "no two free consecutive ports for the plugin"
+if [ "$METRICS_BASE" = "$PROM_PORT" ] || [ "$((METRICS_BASE + 1))" = "$PROM_PORT" ]; then
+  fail "port collision between Prometheus and the plugin, rerun"
+fi
+cat >"$TMP/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: ncclnet
+    static_configs:
+      - targets: ['127.0.0.1:$METRICS_BASE', '127.0.0.1:$((METRICS_BASE + 1))']
+EOF
+promtool check config "$TMP/prometheus.yml" >/dev/null || fail "promtool rejects the generated config"
+start prometheus prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/data" \
+  --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn
+PROM_PID=$STARTED_PID
+PROM="http://127.0.0.1:$PROM_PORT"
+prom_ready() { kill -0 "$PROM_PID" 2>/dev/null && curl -fsS --max-time 2 "$PROM/-/ready" >/dev/null 2>&1; }
+wait_until 60 prom_ready || fail "Prometheus did not become ready on port $PROM_PORT within 60 s"
+# query PROMQL: prints "instance direction value" per result.
+query() {
+  curl -fsS --max-time 5 --get --data-urlencode "query=$1" "$PROM/api/v1/query" |
+    jq -r '.data.result[] | "\(.metric.instance // "-") \(.metric.direction // "-") \(.value[1])"'
+}
+
+# Prometheus applies static targets a few seconds after start (its discovery
+# updates are throttled); the transfer must not begin before both targets are
+# being scraped (up == 0 while nothing listens yet), or its lingering window
+# could pass unseen.
+targets_scraped() { [ "$(query 'count(up{job="ncclnet"})' 2>/dev/null | awk '{ print $3 }')" = 2 ]; }
+wait_until 60 targets_scraped || fail "Prometheus did not start scraping the two targets within 60 s"
+log "Prometheus ready on $PROM_PORT; plugin endpoints on $METRICS_BASE (local rank 0) and $((METRICS_BASE + 1)) (local rank 1)"
+
+NCCL_GO_METRICS_PORT=$METRICS_BASE start harness-http timeout "$HARNESS_TIMEOUT" "$HARNESS" "${harness_args[@]}"
+H_PID=$STARTED_PID
+log "harness: ${harness_args[*]} (expecting $EXPECT bytes each way)"
+
+harness_running() { kill -0 "$H_PID" 2>/dev/null; }
+endpoints_up() {
+  curl -fsS --max-time 2 -o "$TMP/rank0.prom" "http://127.0.0.1:$METRICS_BASE/metrics" 2>/dev/null &&
+    curl -fsS --max-time 2 -o "$TMP/rank1.prom" "http://127.0.0.1:$((METRICS_BASE + 1))/metrics" 2>/dev/null
+}
+up_or_gone() { endpoints_up || ! harness_running; }
+wait_until 60 up_or_gone || fail "the plugin's endpoints did not come up within 60 s"
+if ! endpoints_up; then
+  if grep -q "cannot listen" "$TMP/harness-http.log"; then
+    fail "both harness processes used the same metrics port: the harness must set LOCAL_RANK=0 in the receiver child and LOCAL_RANK=1 in the sender child"
+  fi
+  fail "the harness exited before both metrics endpoints were served"
+fi
+
+# Sender's sent bytes == receiver's received bytes == size * iters, as seen by
+# Prometheus (sum over devices, per process and direction).
+by_instance='sum by (instance, direction) (ncclnet_bytes_total)'
+counters_match() {
+  query "$by_instance" >"$TMP/bytes.txt" 2>/dev/null || return 1
+  local send_inst recv_inst
+  send_inst=$(awk -v e="$EXPECT" '$2 == "send" && $3 + 0 == e { print $1 }' "$TMP/bytes.txt")
+  recv_inst=$(awk -v e="$EXPECT" '$2 == "recv" && $3 + 0 == e { print $1 }' "$TMP/bytes.txt")
+  [ -n "$send_inst" ] && [ -n "$recv_inst" ] && [ "$send_inst" != "$recv_inst" ]
+}
+match_or_gone() { counters_match || ! harness_running; }
+wait_until "$HARNESS_TIMEOUT" match_or_gone || fail "timed out waiting for the byte counters"
+if ! counters_match; then
+  log "Prometheus saw (instance direction bytes):"
+  cat "$TMP/bytes.txt"
+  fail "Prometheus never saw $EXPECT bytes sent by one process and received by the other"
+fi
+log "Prometheus: $(tr '\n' ';' <"$TMP/bytes.txt")"
+
+# Messages balance too: every send matched one receive.
+query 'sum by (direction) (ncclnet_messages_total)' >"$TMP/msgs.txt"
+sent_msgs=$(awk '$2 == "send" { print $3 }' "$TMP/msgs.txt")
+recv_msgs=$(awk '$2 == "recv" { print $3 }' "$TMP/msgs.txt")
+if [ -z "$sent_msgs" ] || [ "$sent_msgs" != "$recv_msgs" ]; then
+  fail "messages sent ($sent_msgs) != received ($recv_msgs)"
+fi
+[ "${sent_msgs%.*}" -ge "$ITERS" ] || fail "only $sent_msgs messages counted for $ITERS iterations"
+# scalar PROMQL: the value of a query with one result ("none" when empty).
+scalar() {
+  local v
+  v=$(query "$1" | awk '{ print $3 }')
+  echo "${v:-none}"
+}
+# expect PROMQL WANT WHAT: fails naming WHAT unless the query gives WANT.
+expect() {
+  local got
+  got=$(scalar "$1")
+  [ "$got" = "$2" ] || fail "$3: $1 = $got, want $2"
+}
+# Both processes were scraped successfully and report what they run.
+expect 'count(up{job="ncclnet"} == 1)' 2 "Prometheus does not see both targets up"
+expect 'count(ncclnet_info{nccl_net_api=~"v[0-9]+", go_version=~"go.+"})' 2 "ncclnet_info missing or incomplete"
+# Nothing failed and nothing is left in flight.
+expect 'sum(ncclnet_errors_total)' 0 "errors counted during a clean transfer"
+expect 'sum(ncclnet_requests_in_flight)' 0 "requests still in flight after the transfer"
+expect 'sum(ncclnet_request_duration_seconds_count)' "$((${sent_msgs%.*} + ${recv_msgs%.*}))" "latency histogram count != messages"
+
+for r in 0 1; do
+  curl -fsS --max-time 5 -o "$TMP/rank$r.prom" "http://127.0.0.1:$((METRICS_BASE + r))/metrics" ||
+    fail "endpoint of local rank $r went away before the end of --linger"
+  promtool check metrics <"$TMP/rank$r.prom" || fail "promtool check metrics rejects local rank $r's exposition"
+done
+log "promtool check metrics: both expositions clean"
+
+wait "$H_PID" || fail "harness transfer failed (rc $?)"
+grep -qi "GB/s" "$TMP/harness-http.log" || fail "harness printed no throughput"
+log "HTTP mode passed"
+
+########## 2. textfile for node_exporter ##########
+TEXTDIR="$TMP/textfile"
+mkdir "$TEXTDIR"
+NCCL_GO_METRICS_TEXTFILE_DIR=$TEXTDIR NCCL_GO_METRICS_INTERVAL=0.5 \
+  start harness-textfile timeout "$HARNESS_TIMEOUT" "$HARNESS" "${harness_args[@]}"
+H_PID=$STARTED_PID
+
+# file_bytes FILE DIR: sum of ncclnet_bytes_total for direction DIR in FILE.
+file_bytes() {
+  awk -v d="direction=\"$2\"" '/^ncclnet_bytes_total\{/ && index($0, d) { s += $NF } END { printf "%.0f\n", s }' "$1"
+}
+files_match() {
+  local f send_file="" recv_file=""
+  for f in "$TEXTDIR"/ncclnet_go_rank*_pid*.prom; do
+    [ -e "$f" ] || return 1
+    [ "$(file_bytes "$f" send)" = "$EXPECT" ] && send_file=$f
+    [ "$(file_bytes "$f" recv)" = "$EXPECT" ] && recv_file=$f
+  done
+  [ -n "$send_file" ] && [ -n "$recv_file" ] && [ "$send_file" != "$recv_file" ] || return 1
+  SEND_FILE=$send_file RECV_FILE=$recv_file
+}
+match_or_gone() { files_match || ! harness_running; }
+wait_until "$HARNESS_TIMEOUT" match_or_gone || fail "timed out waiting for the textfiles"
+if ! files_match; then
+  ls -l "$TEXTDIR"
+  fail "no pair of textfiles showed $EXPECT bytes sent by one process and received by the other"
+fi
+# Copy first: the writer replaces the files while promtool reads.
+cp "$SEND_FILE" "$TMP/send.prom"
+cp "$RECV_FILE" "$TMP/recv.prom"
+promtool check metrics <"$TMP/send.prom" || fail "promtool rejects $(basename "$SEND_FILE")"
+promtool check metrics <"$TMP/recv.prom" || fail "promtool rejects $(basename "$RECV_FILE")"
+log "textfiles $(basename "$SEND_FILE") (sender) and $(basename "$RECV_FILE") (receiver) carry $EXPECT bytes; promtool clean"
+
+wait "$H_PID" || fail "harness transfer (textfile mode) failed (rc $?)"
+leftover=$(find "$TEXTDIR" -mindepth 1 -printf '%f ')
+if [ -n "$VERSION" ] && [ "$VERSION" -lt 11 ]; then
+  # Net API v8..v10 has no finalize: the plugin never learns that NCCL is done,
+  # and the next process to start cleans the files up (docs/metrics.md).
+  log "net API v$VERSION has no finalize; files left as documented: $leftover"
+else
+  [ -z "$leftover" ] || fail "files left in the textfile directory after the processes finalized: $leftover"
+fi
+log "textfile mode passed"
+log "PASS"
