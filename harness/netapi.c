@@ -83,10 +83,12 @@ void harness_logger(ncclDebugLogLevel level, unsigned long flags, const char* fi
     memcpy(last_warn, msg, k);
     last_warn[k] = 0;
   }
-  if (level == NCCL_LOG_INFO && transport[0] == 0) {
-    const char* t = strstr(msg, "transport ");
+  if (level == NCCL_LOG_INFO) {
+    /* the plugin's init line: "..., NCCL net API vN, transport <name>, ..." (a
+     * fallback note such as "transport ib unavailable" must not match) */
+    const char* t = strstr(msg, ", transport ");
     if (t != NULL) {
-      t += strlen("transport ");
+      t += strlen(", transport ");
       size_t k = 0;
       while (t[k] && (isalnum((unsigned char)t[k]) || t[k] == '-' || t[k] == '_') && k + 1 < sizeof transport) {
         transport[k] = t[k];
@@ -198,6 +200,10 @@ ncclResult_t harness_profiler(void** eHandle, int type, void* pHandle, int64_t p
 int net_load(net_t* n, const char* path, int version, char* err, size_t errlen) {
   memset(n, 0, sizeof *n);
   n->version = version;
+  /* NCCL filters log levels itself, but plugins may skip formatting what
+   * NCCL_DEBUG would drop; ask for INFO so the init line (which names the
+   * transport) reaches us, and keep filtering display by the user's level. */
+  if (debug_level() < NCCL_LOG_INFO) setenv("NCCL_DEBUG", "INFO", 1);
   n->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (n->dl == NULL) {
     snprintf(err, errlen, "dlopen(%s) failed: %s", path, dlerror());

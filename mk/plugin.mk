@@ -5,12 +5,19 @@ SO_V9V10 := $(BUILD)/libnccl-net-go-v9v10.so
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 
-$(SO): $(GO_SOURCES) scripts/build-plugin.sh
+# What building the library needs (the ib transport's C shims compile against
+# rdma-core's <infiniband/verbs.h>; libibverbs itself is dlopen'ed at run time).
+BUILD_APT_PACKAGES := gcc libc6-dev libibverbs-dev make binutils
+.PHONY: deps-build
+deps-build:
+	@scripts/deps.sh $(BUILD_APT_PACKAGES)
+
+$(SO): $(GO_SOURCES) scripts/build-plugin.sh | deps-build
 	scripts/build-plugin.sh --name Go --out $@ ./cmd/libnccl-net-go
 
 # A build exporting only ncclNetPlugin_v10 and _v9, so NCCL's adapters for older
 # plugin versions get exercised by real NCCL too.
-$(SO_V9V10): $(GO_SOURCES) scripts/build-plugin.sh
+$(SO_V9V10): $(GO_SOURCES) scripts/build-plugin.sh | deps-build
 	scripts/build-plugin.sh --name Go --only-v9-v10 --out $@ ./cmd/libnccl-net-go
 
 .PHONY: install go-test go-vet abi-check
@@ -33,4 +40,4 @@ abi-check: $(SO) $(SO_V9V10)
 	scripts/abi-check.sh $(SO_V9V10) ncclNetPlugin_v9 ncclNetPlugin_v10
 
 TEST_TARGETS += go-test abi-check
-APT_PACKAGES += binutils gcc
+APT_PACKAGES += $(BUILD_APT_PACKAGES)

@@ -1,0 +1,231 @@
+package ib
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+func TestChunkSizeIs128Aligned(t *testing.T) {
+	for _, c := range []struct{ size, nq, want int }{{1, 1, 128}, {1000, 4, 256}, {1 << 20, 3, 349568}, {128, 2, 128}, {0, 2, 0}} {
+		got := chunkSize(c.size, c.nq)
+		assert.Equal(t, c.want, got, "%+v", c)
+		assert.Zero(t, got%chunkAlign)
+		assert.GreaterOrEqual(t, got*c.nq, c.size)
+	}
+}
+
+func TestHCAFilter(t *testing.T) {
+	for _, c := range []struct {
+		spec string
+		dev  string
+		port int
+		want bool
+	}{
+		{"", "mlx5_0", 1, true},
+		{"mlx5", "mlx5_10", 1, true},
+		{"mlx5_0:1,mlx5_1", "mlx5_0", 2, false},
+		{"mlx5_0:1,mlx5_1", "mlx5_0", 1, true},
+		{"mlx5_0:1,mlx5_1", "mlx5_1", 2, true},
+		{"=mlx5_1", "mlx5_10", 1, false},
+		{"=mlx5_1", "mlx5_1", 1, true},
+		{"^mlx5_0", "mlx5_0", 1, false},
+		{"^mlx5_0", "mlx5_1", 1, true},
+		{"^=mlx5_1", "mlx5_10", 1, true},
+		{"^=mlx5_1", "mlx5_1", 1, false},
+		{"mlx5_0:1:0:1", "mlx5_0", 1, true}, // rail and plane fields ignored
+	} {
+		f, err := parseHCAFilter(c.spec)
+		require.NoError(t, err, c.spec)
+		assert.Equal(t, c.want, f.match(c.dev, c.port), "NCCL_IB_HCA=%s %s:%d", c.spec, c.dev, c.port)
+	}
+	_, err := parseHCAFilter("mlx5_0:x")
+	assert.Error(t, err)
+}
+
+func TestDiscoveryFiltersAndProperties(t *testing.T) {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1", Ports: 2, MaxQP: 1000, GUID: 0xabc})
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0"})
+	down := f.AddDevice(softnic.DeviceConfig{Name: "mlx5_2"})
+	down.SetPortState(1, verbs.PortDown)
+	setEnv(t)
+	h := newHost(t, f, verbs.Features{})
+	require.Equal(t, 3, h.t.Devices(), "mlx5_1 ports 1 and 2, mlx5_0; the DOWN port is skipped")
+	assert.True(t, h.log.has("mlx5_2:1 is DOWN, not ACTIVE"), h.log.String())
+	p, err := h.t.Properties(2)
+	require.NoError(t, err)
+	// Devices are ordered by PCI path: mlx5_1 was added first (00:01.0).
+	assert.Equal(t, "mlx5_0", p.Name)
+	p, err = h.t.Properties(0)
+	require.NoError(t, err)
+	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:00/0000:00:01.0", GUID: 0xabc,
+		PtrSupport: nccl.PtrHost, RegIsGlobal: true, Speed: 100000, Port: 1, MaxComms: 1000, MaxRecvs: 8, VDevs: []int{0},
+		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize, RailID: -1, PlaneID: -1}, p)
+	p, _ = h.t.Properties(1)
+	assert.Equal(t, 2, p.Port)
+
+	setEnv(t, "NCCL_IB_HCA", "mlx5_1:2")
+	h = newHost(t, f, verbs.Features{})
+	require.Equal(t, 1, h.t.Devices())
+	p, _ = h.t.Properties(0)
+	assert.Equal(t, []any{"mlx5_1", 2}, []any{p.Name, p.Port})
+
+	setEnv(t, "NCCL_IB_HCA", "^mlx5_1")
+	h = newHost(t, f, verbs.Features{})
+	require.Equal(t, 1, h.t.Devices())
+
+	setEnv(t, "NCCL_IB_HCA", "mlx5_7")
+	tr := NewWithOptions(Options{Provider: f.Provider(verbs.Features{}), SysfsRoot: t.TempDir()})
+	err = tr.Init(nccl.InitContext{Log: &captureLog{}})
+	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
+	assert.ErrorContains(t, err, "NCCL_IB_HCA=mlx5_7")
+}
+
+func TestInitFallsBackWithErrNoDevice(t *testing.T) {
+	setEnv(t, "NCCL_IB_DISABLE", "1")
+	err := New().Init(nccl.InitContext{Log: &captureLog{}})
+	assert.True(t, errors.Is(err, nccl.ErrNoDevice))
+	assert.ErrorContains(t, err, "NCCL_IB_DISABLE=1")
+
+	setEnv(t)
+	err = NewWithOptions(Options{Provider: softnic.NewFabric().Provider(verbs.Features{})}).Init(nccl.InitContext{})
+	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
+
+	// On this build host libibverbs may be present but there is no device, or
+	// it is absent: either way the real transport must say ErrNoDevice.
+	setEnv(t, "NCCL_IBVERBS_LIB", "/nonexistent/libibverbs.so.1")
+	err = New().Init(nccl.InitContext{Log: &captureLog{}})
+	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
+	assert.ErrorContains(t, err, "NCCL_IBVERBS_LIB")
+}
+
+func TestPtrSupportAndFeatureLogs(t *testing.T) {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "sim0"})
+	setEnv(t)
+	h := newHost(t, f, verbs.Features{})
+	p, _ := h.t.Properties(0)
+	assert.Equal(t, nccl.PtrHost, p.PtrSupport)
+	assert.True(t, h.log.has("no ibv_reg_dmabuf_mr"), "missing optional verbs are INFO lines")
+	assert.True(t, h.log.has("ECE negotiation disabled"))
+
+	h = newHost(t, f, verbs.Features{DMABuf: true, ECE: true, RegIova2: true})
+	p, _ = h.t.Properties(0)
+	assert.Equal(t, nccl.PtrHost|nccl.PtrDMABuf, p.PtrSupport, "the fd=-1 probe said EBADF")
+
+	setEnv(t, "NCCL_DMABUF_ENABLE", "0")
+	h = newHost(t, f, verbs.Features{DMABuf: true})
+	p, _ = h.t.Properties(0)
+	assert.Equal(t, nccl.PtrHost, p.PtrSupport)
+
+	// A peer-memory module makes CUDA registrations possible.
+	setEnv(t)
+	root := t.TempDir()
+	require.NoError(t, f.WriteSysfs(root))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "module/nvidia_peermem"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "module/nvidia_peermem/version"), []byte("1\n"), 0o644))
+	tr := NewWithOptions(Options{Provider: f.Provider(verbs.Features{}), SysfsRoot: root})
+	require.NoError(t, tr.Init(nccl.InitContext{}))
+	defer tr.Finalize()
+	p, _ = tr.Properties(0)
+	assert.Equal(t, nccl.PtrHost|nccl.PtrCUDA, p.PtrSupport)
+}
+
+func TestRoCEGIDSelection(t *testing.T) {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "rxe0", LinkLayer: verbs.LinkEthernet})
+	v6 := verbs.GID(netip.MustParseAddr("2001:db8::5").As16())
+	v4 := verbs.GID(netip.AddrFrom16(netip.MustParseAddr("10.1.2.3").As16()).As16())
+	v4b := verbs.GID(netip.AddrFrom16(netip.MustParseAddr("192.168.7.7").As16()).As16())
+	ll := verbs.GID(netip.MustParseAddr("fe80::1").As16())
+	f.AddDevice(softnic.DeviceConfig{Name: "roce1", LinkLayer: verbs.LinkEthernet, GIDs: []softnic.GIDEntry{
+		{GID: ll, Type: "IB/RoCE v1"}, {GID: ll, Type: "RoCE v2"}, {GID: v6, Type: "RoCE v2"},
+		{GID: v4, Type: "IB/RoCE v1"}, {GID: v4, Type: "RoCE v2"}, {GID: v4b, Type: "RoCE v2"}}})
+	gidOf := func(dev string) int {
+		h := newHost(t, f, verbs.Features{}, dev)
+		return h.t.devs[0].gidIndex
+	}
+	setEnv(t)
+	assert.Equal(t, 3, gidOf("rxe0"), "rxe layout: the IPv4 RoCE v2 GID is index 3")
+	assert.Equal(t, 4, gidOf("roce1"), "first IPv4 RoCE v2")
+	setEnv(t, "NCCL_IB_ADDR_RANGE", "192.168.0.0/16")
+	assert.Equal(t, 5, gidOf("roce1"))
+	setEnv(t, "NCCL_IB_ROCE_VERSION_NUM", "1")
+	assert.Equal(t, 3, gidOf("roce1"))
+	setEnv(t, "NCCL_IB_ADDR_FAMILY", "AF_INET6")
+	assert.Equal(t, 2, gidOf("roce1"))
+	setEnv(t, "NCCL_IB_GID_INDEX", "5")
+	assert.Equal(t, 5, gidOf("roce1"))
+	setEnv(t, "NCCL_IB_GID_INDEX", "9")
+	tr := NewWithOptions(Options{Provider: f.Provider(verbs.Features{}, "roce1"), SysfsRoot: t.TempDir()})
+	cl := &captureLog{}
+	assert.Error(t, tr.Init(nccl.InitContext{Log: cl}))
+	assert.True(t, cl.has("NCCL_IB_GID_INDEX=9"), cl.String())
+
+	// A GID whose type sysfs cannot report is skipped: without the types
+	// files nothing qualifies and the port is refused with a hint.
+	setEnv(t)
+	tr = NewWithOptions(Options{Provider: f.Provider(verbs.Features{}, "roce1"), SysfsRoot: t.TempDir()})
+	cl = &captureLog{}
+	assert.Error(t, tr.Init(nccl.InitContext{Log: cl}))
+	assert.True(t, cl.has("no routable GID"), cl.String())
+}
+
+func TestRoCEEndToEnd(t *testing.T) {
+	setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1", "NCCL_IB_TC", "106")
+	_, a, b := twoHosts(t, softnic.DeviceConfig{LinkLayer: verbs.LinkEthernet})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	got, sizes := transfer(t, sc, rc, []int{5000}, []int{8192})
+	assert.Equal(t, []int{5000}, sizes)
+	assert.Equal(t, pattern(5000, 0), got[0][:5000])
+	assert.Equal(t, "simB_0_eth", b.t.devs[0].netdev)
+}
+
+func TestOOBInterfaceSelection(t *testing.T) {
+	saved := listInterfaces
+	defer func() { listInterfaces = saved }()
+	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
+	listInterfaces = func() ([]iface, error) {
+		return []iface{
+			{name: "lo", addrs: []netip.Addr{a("127.0.0.1"), a("::1")}},
+			{name: "docker0", addrs: []netip.Addr{a("172.17.0.1")}},
+			{name: "eth0", addrs: []netip.Addr{a("fe80::1"), a("2001:db8::2"), a("10.0.0.2")}},
+			{name: "ib0", addrs: []netip.Addr{a("192.168.1.2")}},
+		}, nil
+	}
+	pick := func() (string, string) {
+		n, ad, err := findOOBInterface(&captureLog{})
+		if err != nil {
+			return "", err.Error()
+		}
+		return n, ad.String()
+	}
+	setEnv(t, "NCCL_SOCKET_IFNAME", "")
+	n, ad := pick()
+	assert.Equal(t, []string{"ib0", "192.168.1.2"}, []string{n, ad}, "ib* first")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "^ib,lo")
+	n, ad = pick()
+	assert.Equal(t, []string{"docker0", "172.17.0.1"}, []string{n, ad}, "exclusion list")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "eth")
+	n, ad = pick()
+	assert.Equal(t, []string{"eth0", "2001:db8::2"}, []string{n, ad}, "link-local skipped")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "eth", "NCCL_SOCKET_FAMILY", "AF_INET")
+	_, ad = pick()
+	assert.Equal(t, "10.0.0.2", ad)
+	setEnv(t, "NCCL_SOCKET_IFNAME", "=eth")
+	_, ad = pick()
+	assert.Contains(t, ad, "NCCL_SOCKET_IFNAME==eth")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "e") // one character: ignored, like NCCL
+	n, _ = pick()
+	assert.Equal(t, "ib0", n)
+}

@@ -1,0 +1,331 @@
+package ibv
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#cgo LDFLAGS: -ldl
+#include <stdlib.h>
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+)
+
+// DefaultLibrary is what Load opens unless told otherwise.
+const DefaultLibrary = "libibverbs.so.1"
+
+func init() {
+	// The C mirrors must match the Go value types exactly: slices of them
+	// cross into C without copying.
+	if unsafe.Sizeof(verbs.SendWR{}) != C.sizeof_gosendwr || unsafe.Sizeof(verbs.RecvWR{}) != C.sizeof_gorecvwr ||
+		unsafe.Sizeof(verbs.WC{}) != C.sizeof_gowc {
+		panic("ibv: verbs.SendWR/RecvWR/WC layout differs from shim.h")
+	}
+}
+
+var loadMu sync.Mutex
+var loaded string
+
+// Load opens libibverbs at path and resolves its symbols. The library stays
+// loaded for the life of the process (libibverbs keeps provider state), so a
+// second Load with another path fails.
+func Load(path string) (*Provider, error) {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	if loaded != "" && loaded != path {
+		return nil, fmt.Errorf("libibverbs already loaded from %s; cannot switch to %s", loaded, path)
+	}
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var buf [512]C.char
+	if C.nb_load(cpath, &buf[0], C.int(len(buf))) != 0 {
+		return nil, errors.New(C.GoString(&buf[0]))
+	}
+	loaded = path
+	return &Provider{path: path, feat: verbs.Features{
+		DMABuf:   C.nb_has_dmabuf() != 0,
+		RegIova2: C.nb_has_iova2() != 0,
+		ECE:      C.nb_has_ece() != 0,
+	}}, nil
+}
+
+// Provider is libibverbs.
+type Provider struct {
+	path string
+	feat verbs.Features
+}
+
+func (p *Provider) Name() string             { return p.path }
+func (p *Provider) Features() verbs.Features { return p.feat }
+
+func errnoErr(what string, r C.int) error {
+	if r == 0 {
+		return nil
+	}
+	if r < 0 {
+		r = -r
+	}
+	return fmt.Errorf("%s: %w", what, verbs.Errno(r))
+}
+
+func ptrErr(what string, err error) error {
+	var en syscall.Errno
+	if errors.As(err, &en) && en != 0 {
+		return fmt.Errorf("%s: %w", what, verbs.Errno(en))
+	}
+	return fmt.Errorf("%s failed: %w", what, verbs.Errno(syscall.EIO))
+}
+
+func (p *Provider) Devices() ([]string, error) {
+	var buf [4096]C.char
+	var n C.int
+	if r := C.nb_device_names(&buf[0], C.int(len(buf)), &n); r != 0 {
+		if syscall.Errno(r) == syscall.ENOSYS {
+			// The kernel has no RDMA support (no /sys/class/infiniband):
+			// libibverbs says ENOSYS, which means "no devices here".
+			return nil, nil
+		}
+		return nil, errnoErr("ibv_get_device_list", r)
+	}
+	raw := C.GoBytes(unsafe.Pointer(&buf[0]), C.int(len(buf)))
+	var out []string
+	for i, off := 0, 0; i < int(n); i++ {
+		end := off
+		for raw[end] != 0 {
+			end++
+		}
+		out = append(out, string(raw[off:end]))
+		off = end + 1
+	}
+	return out, nil
+}
+
+func (p *Provider) Open(name string) (verbs.Context, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	ctx, err := C.nb_open(cname)
+	if ctx == nil {
+		return nil, ptrErr("ibv_open_device("+name+")", err)
+	}
+	return &context{name: name, ctx: ctx, fd: int(C.nb_async_fd(ctx))}, nil
+}
+
+type context struct {
+	name string
+	ctx  *C.struct_ibv_context
+	fd   int
+	mu   sync.Mutex
+	done bool
+}
+
+func (c *context) Name() string { return c.name }
+
+func (c *context) QueryDevice() (verbs.DeviceAttr, error) {
+	var a C.godevattr
+	if r := C.nb_query_device(c.ctx, &a); r != 0 {
+		return verbs.DeviceAttr{}, errnoErr("ibv_query_device", r)
+	}
+	return verbs.DeviceAttr{MaxQP: int(a.max_qp), MaxQPWR: int(a.max_qp_wr), MaxCQE: int(a.max_cqe),
+		SysImageGUID: uint64(a.sys_image_guid), PhysPortCnt: int(a.phys_port_cnt),
+		VendorID: uint32(a.vendor_id), VendorPartID: uint32(a.vendor_part_id)}, nil
+}
+
+func (c *context) QueryPort(port int) (verbs.PortAttr, error) {
+	var a C.goportattr
+	if r := C.nb_query_port(c.ctx, C.int(port), &a); r != 0 {
+		return verbs.PortAttr{}, errnoErr("ibv_query_port", r)
+	}
+	return verbs.PortAttr{State: verbs.PortState(a.state), MaxMTU: verbs.MTU(a.max_mtu), ActiveMTU: verbs.MTU(a.active_mtu),
+		GIDTblLen: int(a.gid_tbl_len), LID: uint16(a.lid), SM_LID: uint16(a.sm_lid), LMC: uint8(a.lmc),
+		ActiveWidth: uint8(a.active_width), ActiveSpeed: uint8(a.active_speed), LinkLayer: verbs.LinkLayer(a.link_layer),
+		Flags: uint8(a.flags)}, nil
+}
+
+func (c *context) QueryGID(port, index int) (verbs.GID, error) {
+	var g verbs.GID
+	if r := C.nb_query_gid(c.ctx, C.int(port), C.int(index), (*C.uint8_t)(unsafe.Pointer(&g[0]))); r != 0 {
+		return g, errnoErr("ibv_query_gid", r)
+	}
+	return g, nil
+}
+
+func (c *context) AllocPD() (verbs.PD, error) {
+	pd, err := C.nb_alloc_pd(c.ctx)
+	if pd == nil {
+		return nil, ptrErr("ibv_alloc_pd", err)
+	}
+	return &protDomain{pd: pd}, nil
+}
+
+func (c *context) CreateCQ(entries int) (verbs.CQ, error) {
+	cq, err := C.nb_create_cq(c.ctx, C.int(entries))
+	if cq == nil {
+		return nil, ptrErr("ibv_create_cq", err)
+	}
+	return &compQueue{cq: cq}, nil
+}
+
+// NextAsyncEvent polls the (non-blocking) async fd in short slices so that
+// Close and stop are noticed without a signal.
+func (c *context) NextAsyncEvent(stop <-chan struct{}) (verbs.AsyncEvent, error) {
+	for {
+		select {
+		case <-stop:
+			return verbs.AsyncEvent{}, verbs.ErrClosed
+		default:
+		}
+		c.mu.Lock()
+		if c.done {
+			c.mu.Unlock()
+			return verbs.AsyncEvent{}, verbs.ErrClosed
+		}
+		var ev C.goevent
+		r := C.nb_get_async_event(c.ctx, &ev)
+		c.mu.Unlock()
+		if r < 0 {
+			return verbs.AsyncEvent{}, errnoErr("ibv_get_async_event", r)
+		}
+		if r == 1 {
+			return verbs.AsyncEvent{Type: verbs.AsyncEventType(ev._type), QPNum: uint32(ev.qp_num), CQID: uint64(ev.cq), Port: int(ev.port)}, nil
+		}
+		fds := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, 100); err != nil && err != unix.EINTR {
+			return verbs.AsyncEvent{}, fmt.Errorf("poll async fd: %w", err)
+		}
+	}
+}
+
+func (c *context) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done {
+		return errors.New("ibv: context closed twice")
+	}
+	c.done = true
+	return errnoErr("ibv_close_device", C.nb_close(c.ctx))
+}
+
+type protDomain struct{ pd *C.struct_ibv_pd }
+
+func (p *protDomain) RegMR(_ unsafe.Pointer, addr uint64, length int, access verbs.Access) (verbs.MR, error) {
+	mr, err := C.nb_reg_mr(p.pd, C.uint64_t(addr), C.size_t(length), C.int(access))
+	if mr == nil {
+		return nil, ptrErr(fmt.Sprintf("ibv_reg_mr(%#x, %d)", addr, length), err)
+	}
+	return &memRegion{mr: mr}, nil
+}
+
+func (p *protDomain) RegDMABufMR(offset uint64, length int, iova uint64, fd int, access verbs.Access) (verbs.MR, error) {
+	mr, err := C.nb_reg_dmabuf_mr(p.pd, C.uint64_t(offset), C.size_t(length), C.uint64_t(iova), C.int(fd), C.int(access))
+	if mr == nil {
+		return nil, ptrErr("ibv_reg_dmabuf_mr", err)
+	}
+	return &memRegion{mr: mr}, nil
+}
+
+func (p *protDomain) CreateQP(a verbs.QPInitAttr) (verbs.QP, error) {
+	scq, ok1 := a.SendCQ.(*compQueue)
+	rcq, ok2 := a.RecvCQ.(*compQueue)
+	if !ok1 || !ok2 {
+		return nil, errors.New("ibv: CQs of another provider")
+	}
+	qp, err := C.nb_create_qp(p.pd, scq.cq, rcq.cq, C.int(a.MaxSendWR), C.int(a.MaxRecvWR), C.int(a.MaxSendSGE), C.int(a.MaxRecvSGE), C.int(a.MaxInline))
+	if qp == nil {
+		return nil, ptrErr("ibv_create_qp", err)
+	}
+	return &queuePair{qp: qp, num: uint32(C.nb_qp_num(qp))}, nil
+}
+
+func (p *protDomain) Dealloc() error { return errnoErr("ibv_dealloc_pd", C.nb_dealloc_pd(p.pd)) }
+
+type memRegion struct{ mr *C.struct_ibv_mr }
+
+func (m *memRegion) LKey() uint32 { return uint32(C.nb_mr_lkey(m.mr)) }
+func (m *memRegion) RKey() uint32 { return uint32(C.nb_mr_rkey(m.mr)) }
+func (m *memRegion) Dereg() error { return errnoErr("ibv_dereg_mr", C.nb_dereg_mr(m.mr)) }
+
+type compQueue struct{ cq *C.struct_ibv_cq }
+
+func (q *compQueue) ID() uint64 { return uint64(uintptr(unsafe.Pointer(q.cq))) }
+
+func (q *compQueue) Poll(wcs []verbs.WC) (int, error) {
+	if len(wcs) == 0 {
+		return 0, nil
+	}
+	n := C.nb_poll_cq(q.cq, (*C.gowc)(unsafe.Pointer(&wcs[0])), C.int(len(wcs)))
+	if n < 0 {
+		return 0, errnoErr("ibv_poll_cq", n)
+	}
+	return int(n), nil
+}
+
+func (q *compQueue) Destroy() error { return errnoErr("ibv_destroy_cq", C.nb_destroy_cq(q.cq)) }
+
+type queuePair struct {
+	qp  *C.struct_ibv_qp
+	num uint32
+}
+
+func (q *queuePair) Num() uint32 { return q.num }
+
+func (q *queuePair) ModifyToInit(a verbs.InitAttr) error {
+	return errnoErr("ibv_modify_qp(INIT)", C.nb_modify_init(q.qp, C.int(a.PKeyIndex), C.int(a.Port), C.int(a.Access)))
+}
+
+func (q *queuePair) ModifyToRTR(a verbs.RTRAttr) error {
+	g := a.AH.DGID
+	global := 0
+	if a.AH.IsGlobal {
+		global = 1
+	}
+	return errnoErr("ibv_modify_qp(RTR)", C.nb_modify_rtr(q.qp, C.int(a.PathMTU), C.uint32_t(a.DestQPN), C.uint32_t(a.RQPSN),
+		C.int(a.MaxDestRdAtomic), C.int(a.MinRNRTimer), C.int(global), (*C.uint8_t)(unsafe.Pointer(&g[0])), C.int(a.AH.SGIDIndex),
+		C.int(a.AH.HopLimit), C.int(a.AH.TrafficClass), C.uint32_t(a.AH.FlowLabel), C.int(a.AH.DLID), C.int(a.AH.SL), C.int(a.AH.Port)))
+}
+
+func (q *queuePair) ModifyToRTS(a verbs.RTSAttr) error {
+	return errnoErr("ibv_modify_qp(RTS)", C.nb_modify_rts(q.qp, C.int(a.Timeout), C.int(a.RetryCnt), C.int(a.RNRRetry),
+		C.uint32_t(a.SQPSN), C.int(a.MaxRdAtom)))
+}
+
+func (q *queuePair) PostSend(wrs []verbs.SendWR) (int, error) {
+	if len(wrs) == 0 {
+		return 0, nil
+	}
+	var bad C.int
+	r := C.nb_post_send(q.qp, (*C.gosendwr)(unsafe.Pointer(&wrs[0])), C.int(len(wrs)), &bad)
+	return int(bad), errnoErr("ibv_post_send", r)
+}
+
+func (q *queuePair) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	if len(wrs) == 0 {
+		return 0, nil
+	}
+	var bad C.int
+	r := C.nb_post_recv(q.qp, (*C.gorecvwr)(unsafe.Pointer(&wrs[0])), C.int(len(wrs)), &bad)
+	return int(bad), errnoErr("ibv_post_recv", r)
+}
+
+func (q *queuePair) QueryECE() (verbs.ECE, error) {
+	var v [3]C.uint32_t
+	if r := C.nb_query_ece(q.qp, &v[0]); r != 0 {
+		return verbs.ECE{}, errnoErr("ibv_query_ece", r)
+	}
+	return verbs.ECE{VendorID: uint32(v[0]), Options: uint32(v[1]), CompMask: uint32(v[2])}, nil
+}
+
+func (q *queuePair) SetECE(e verbs.ECE) error {
+	v := [3]C.uint32_t{C.uint32_t(e.VendorID), C.uint32_t(e.Options), C.uint32_t(e.CompMask)}
+	return errnoErr("ibv_set_ece", C.nb_set_ece(q.qp, &v[0]))
+}
+
+func (q *queuePair) Destroy() error { return errnoErr("ibv_destroy_qp", C.nb_destroy_qp(q.qp)) }

@@ -1,0 +1,82 @@
+package ibv
+
+import (
+	"os"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// libibverbsPresent reports whether the system library can be opened at all;
+// tests that need it skip (with the reason) only when it is truly absent.
+func libibverbsPresent(t *testing.T) {
+	t.Helper()
+	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"} {
+		if _, err := os.Stat(dir + "/" + DefaultLibrary); err == nil {
+			return
+		}
+	}
+	t.Skipf("%s is not installed (apt-get install libibverbs1); nothing to load", DefaultLibrary)
+}
+
+func TestLoadFailures(t *testing.T) {
+	_, err := Load("/nonexistent/libibverbs.so.1")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "dlopen(/nonexistent/libibverbs.so.1)")
+
+	// A library without the verbs: every required symbol is checked.
+	_, err = Load("libc.so.6")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "has no symbol ibv_get_device_list")
+}
+
+func TestLoadResolvesSymbolsAndProbesOptionalOnes(t *testing.T) {
+	libibverbsPresent(t)
+	p, err := Load(DefaultLibrary)
+	require.NoError(t, err)
+	// Debian 12 ships rdma-core 44: every optional verb exists there.
+	f := p.Features()
+	t.Logf("features: %+v", f)
+	assert.True(t, f.RegIova2, "ibv_reg_mr_iova2@IBVERBS_1.8")
+	assert.True(t, f.DMABuf, "ibv_reg_dmabuf_mr@IBVERBS_1.12")
+	assert.True(t, f.ECE, "ibv_query_ece@IBVERBS_1.10")
+
+	_, err = Load("/some/other/libibverbs.so.1")
+	assert.ErrorContains(t, err, "already loaded", "one libibverbs per process")
+
+	names, err := p.Devices()
+	require.NoError(t, err)
+	t.Logf("RDMA devices: %v", names)
+	_, err = p.Open("no-such-device")
+	assert.Error(t, err)
+}
+
+// TestRealDeviceBasics runs on a host (or the Soft-RoCE guest) with an RDMA
+// device: open it, query it, and register memory.
+func TestRealDeviceBasics(t *testing.T) {
+	libibverbsPresent(t)
+	p, err := Load(DefaultLibrary)
+	require.NoError(t, err)
+	names, err := p.Devices()
+	require.NoError(t, err)
+	if len(names) == 0 {
+		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
+	}
+	ctx, err := p.Open(names[0])
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, ctx.Close()) }()
+	da, err := ctx.QueryDevice()
+	require.NoError(t, err)
+	assert.Greater(t, da.PhysPortCnt, 0)
+	assert.Greater(t, da.MaxQP, 0)
+	pa, err := ctx.QueryPort(1)
+	require.NoError(t, err)
+	t.Logf("%s: %+v port1 %+v", names[0], da, pa)
+	pd, err := ctx.AllocPD()
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, pd.Dealloc()) }()
+	cq, err := ctx.CreateCQ(16)
+	require.NoError(t, err)
+	defer func() { assert.NoError(t, cq.Destroy()) }()
+}

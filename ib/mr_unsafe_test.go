@@ -1,0 +1,168 @@
+package ib
+
+import (
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+func TestMRCacheSharesRegistrations(t *testing.T) {
+	setEnv(t)
+	f, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, _ := connectPair(t, a, 0, b, 0)
+	dev := f.Device("simA_0")
+	base := dev.MRCount() // FIFO and size records
+	mem, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer unix.Munmap(mem)
+	p := unsafe.Pointer(&mem[0])
+
+	whole, err := sc.RegMr(p, len(mem), nccl.PtrHost)
+	require.NoError(t, err)
+	inner, err := sc.RegMr(unsafe.Add(p, 5000), 100, nccl.PtrHost) // inside: a cache hit
+	require.NoError(t, err)
+	assert.NotEqual(t, whole, inner)
+	assert.Equal(t, base+1, dev.MRCount(), "one registration serves both")
+	st, ok := a.t.MRStats(0)
+	require.True(t, ok)
+	assert.Equal(t, MRStats{Hits: 1, Misses: 1, RegisteredBytes: 1 << 20}, st)
+
+	require.NoError(t, sc.DeregMr(whole))
+	assert.Equal(t, base+1, dev.MRCount(), "still referenced")
+	require.NoError(t, sc.DeregMr(inner))
+	assert.Equal(t, base, dev.MRCount())
+	st, _ = a.t.MRStats(0)
+	assert.Equal(t, MRStats{Hits: 1, Misses: 1, Deregistrations: 1}, st)
+
+	assert.NoError(t, sc.DeregMr(0), "NCCL deregisters NULL handles")
+	err = sc.DeregMr(inner)
+	assert.Equal(t, nccl.InternalError, nccl.ResultOf(err), "double deregistration is caught")
+	_, err = sc.RegMr(p, 10, nccl.PtrCUDA)
+	assert.Equal(t, nccl.InternalError, nccl.ResultOf(err), "no CUDA support without peer memory")
+	_, ok = a.t.MRStats(99)
+	assert.False(t, ok)
+
+	// A send through a handle that does not cover the buffer is refused.
+	small, err := sc.RegMr(p, 64, nccl.PtrHost)
+	require.NoError(t, err)
+	defer sc.DeregMr(small)
+	assert.True(t, lookupMR(small).covers(uint64(uintptr(p)), 64))
+	assert.False(t, lookupMR(small).covers(uint64(uintptr(p)), 65))
+}
+
+func TestDMABufRegistrationKeepsItsOwnFD(t *testing.T) {
+	setEnv(t)
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "simA_0"})
+	f.AddDevice(softnic.DeviceConfig{Name: "simB_0"})
+	feat := verbs.Features{DMABuf: true}
+	a, b := newHost(t, f, feat, "simA_0"), newHost(t, f, feat, "simB_0")
+	sc, rc := connectPair(t, a, 0, b, 0)
+
+	// A memfd stands in for a GPU dma-buf: the software NIC maps it.
+	fd, err := unix.MemfdCreate("dmabuf", 0)
+	require.NoError(t, err)
+	require.NoError(t, unix.Ftruncate(fd, 8192))
+	view, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, err)
+	defer unix.Munmap(view)
+	// An address NCCL would pass for GPU memory: never dereferenced on the host.
+	iova := unsafe.Add(unsafe.Pointer(nil), 0x7f0000000000)
+	mh, err := rc.RegMrDMABuf(iova, 4096, nccl.PtrCUDA, 4096, fd)
+	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd)) // NCCL closes it right away
+	defer rc.DeregMr(mh)
+
+	r, err := rc.Irecv([]nccl.RecvBuffer{{Data: iova, Size: 4096, MH: mh}})
+	require.NoError(t, err)
+	sb := newBuf(t, sc, 100, 0)
+	copy(sb.b, pattern(100, 3))
+	var sr nccl.Request = nccl.NoRequest
+	within(t, "isend", func() (bool, error) {
+		var err error
+		sr, err = sc.Isend(sb.ptr(), 100, 0, sb.mh)
+		return sr != nccl.NoRequest, err
+	})
+	within(t, "recv", func() (bool, error) { return rc.Test(r, make([]int, 1)) })
+	within(t, "send", func() (bool, error) { d, _, err := sc.Test(sr); return d, err })
+	assert.Equal(t, pattern(100, 3), view[4096:4196], "data landed at the dma-buf offset")
+}
+
+// TestDataPathDoesNotAllocate runs the steady-state isend/irecv/test loop
+// and requires zero heap allocations per message.
+func TestDataPathDoesNotAllocate(t *testing.T) {
+	setEnv(t, "NCCL_IB_QPS_PER_CONNECTION", "2")
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	sb, rb := newBuf(t, sc, 4096, 1), newBuf(t, rc, 4096, 0)
+	loop := newPingLoop(sc, rc, sb, rb, 4096)
+	loop.run(t, 10) // warm up
+	allocs := testing.AllocsPerRun(200, func() { loop.run(t, 1) })
+	assert.Zero(t, allocs, "allocations per message on the data path")
+}
+
+type pingLoop struct {
+	sc     *sendComm
+	rc     *recvComm
+	sb, rb *buf
+	size   int
+	bufs   [1]nccl.RecvBuffer
+	sizes  [1]int
+}
+
+func newPingLoop(sc *sendComm, rc *recvComm, sb, rb *buf, size int) *pingLoop {
+	l := &pingLoop{sc: sc, rc: rc, sb: sb, rb: rb, size: size}
+	l.bufs[0] = nccl.RecvBuffer{Data: rb.ptr(), Size: size, MH: rb.mh}
+	return l
+}
+
+func (l *pingLoop) run(tb testing.TB, n int) {
+	for i := 0; i < n; i++ {
+		rr, err := l.rc.Irecv(l.bufs[:])
+		if err != nil || rr == nccl.NoRequest {
+			tb.Fatalf("irecv: %v %v", rr, err)
+		}
+		sr, err := l.sc.Isend(l.sb.ptr(), l.size, 0, l.sb.mh)
+		if err != nil || sr == nccl.NoRequest {
+			tb.Fatalf("isend: %v %v", sr, err)
+		}
+		for done := false; !done; {
+			if done, _, err = l.sc.Test(sr); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		for done := false; !done; {
+			if done, err = l.rc.Test(rr, l.sizes[:]); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+}
+
+// BenchmarkSoftNICPingPong measures the transport's per-message overhead on
+// the software NIC (the model's memcpy included) and reports allocations.
+func BenchmarkSoftNICPingPong(b *testing.B) {
+	for _, size := range []int{8, 64 << 10} {
+		b.Run(byteSize(size), func(b *testing.B) {
+			setEnvTB(b)
+			f := softnic.NewFabric()
+			f.AddDevice(softnic.DeviceConfig{Name: "simA_0"})
+			f.AddDevice(softnic.DeviceConfig{Name: "simB_0"})
+			ha, hb := benchHost(b, f, "simA_0"), benchHost(b, f, "simB_0")
+			sc, rc := benchConnect(b, ha, hb)
+			sb, rb := benchBuf(b, sc, size), benchBuf(b, rc, size)
+			loop := newPingLoop(sc, rc, sb, rb, size)
+			b.ReportAllocs()
+			b.SetBytes(int64(size))
+			b.ResetTimer()
+			loop.run(b, b.N)
+		})
+	}
+}

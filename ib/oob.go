@@ -1,0 +1,203 @@
+package ib
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// The 128-byte handle listen writes and NCCL copies to the connector:
+//
+//	0   u64  magic (NCCL_SOCKET_MAGIC or the built-in default)
+//	8   u64  secret: random per listen; a connection that does not echo it is dropped
+//	16  u8   address family (4 or 6)
+//	17  u8   handle version (1)
+//	18  u16  TCP port
+//	20  [16] IP address (IPv4 in the first 4 bytes)
+//	40  u64  connector state: pending-connect id (0 = not started); written by
+//	         connect into NCCL's private copy of the handle
+//	48  u64  connector state: token guarding the id against stale handles
+//
+// All integers little-endian.
+const (
+	hOffMagic   = 0
+	hOffSecret  = 8
+	hOffFamily  = 16
+	hOffVersion = 17
+	hOffPort    = 18
+	hOffAddr    = 20
+	hOffConnID  = 40
+	hOffToken   = 48
+
+	handleVersion = 1
+	// socketTypeNetIB is NCCL's socket type tag for IB handshakes.
+	socketTypeNetIB = 4
+	protoVersion    = 1
+
+	defaultMagic = 0x564ab9f2fc4b9d6c
+)
+
+func socketMagic(log nccl.Logger) uint64 {
+	return uint64(nccl.EnvInt(log, "NCCL_SOCKET_MAGIC", defaultMagic))
+}
+
+func randomU64() uint64 {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux >= 3.17
+	}
+	v := binary.LittleEndian.Uint64(b[:])
+	if v == 0 {
+		v = 1
+	}
+	return v
+}
+
+type handleInfo struct {
+	magic, secret uint64
+	addr          netip.AddrPort
+}
+
+func writeHandle(h *nccl.Handle, hi handleInfo) {
+	*h = nccl.Handle{}
+	le := binary.LittleEndian
+	le.PutUint64(h[hOffMagic:], hi.magic)
+	le.PutUint64(h[hOffSecret:], hi.secret)
+	a := hi.addr.Addr()
+	if a.Is4() {
+		h[hOffFamily] = 4
+		b := a.As4()
+		copy(h[hOffAddr:], b[:])
+	} else {
+		h[hOffFamily] = 6
+		b := a.As16()
+		copy(h[hOffAddr:], b[:])
+	}
+	h[hOffVersion] = handleVersion
+	le.PutUint16(h[hOffPort:], hi.addr.Port())
+}
+
+func readHandle(h *nccl.Handle) (handleInfo, error) {
+	le := binary.LittleEndian
+	hi := handleInfo{magic: le.Uint64(h[hOffMagic:]), secret: le.Uint64(h[hOffSecret:])}
+	if h[hOffVersion] != handleVersion {
+		return hi, fmt.Errorf("handle version %d is not %d: both ranks must load the same plugin build", h[hOffVersion], handleVersion)
+	}
+	port := le.Uint16(h[hOffPort:])
+	switch h[hOffFamily] {
+	case 4:
+		hi.addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte(h[hOffAddr:hOffAddr+4])), port)
+	case 6:
+		hi.addr = netip.AddrPortFrom(netip.AddrFrom16([16]byte(h[hOffAddr:hOffAddr+16])), port)
+	default:
+		return hi, fmt.Errorf("handle has address family %d", h[hOffFamily])
+	}
+	return hi, nil
+}
+
+// hello is the first message on a handshake connection (connector to
+// listener). Type mirrors NCCL's socket-type check.
+type hello struct {
+	Magic     uint64
+	Type      uint32
+	Version   uint32
+	Secret    uint64
+	NDevs     uint32
+	LinkLayer uint32 // verbs.LinkLayer of every member (they are equal)
+}
+
+// helloReply answers a hello that passed the magic and secret checks.
+type helloReply struct {
+	Status    uint32 // 0 = ok, else replyIncompatible
+	NDevs     uint32
+	LinkLayer uint32
+	_         uint32
+}
+
+const replyIncompatible = 1
+
+const (
+	maxQPs     = 128 // NCCL_IB_MAX_QPS
+	maxVDevs   = nccl.MaxDevsPerNICV12
+	readyMagic = 0x59444552 // "REDY"
+)
+
+// devMeta describes one member device of a side's vNIC.
+type devMeta struct {
+	LID       uint16
+	LinkLayer uint8
+	MTU       uint8
+	Port      uint8
+	_         [3]byte
+	GID       [16]byte
+	RKey      uint32 // sender: CTS FIFO rkey; receiver: completion-record rkey
+	_         uint32
+}
+
+// qpMeta describes one QP.
+type qpMeta struct {
+	QPN uint32
+	Dev uint8 // member index the QP lives on
+	_   [3]byte
+	ECE [3]uint32 // vendor id, options, comp mask (0 when ECE is off)
+	_   uint32
+}
+
+// connMeta is exchanged once each way after the hello.
+type connMeta struct {
+	NDevs    uint32
+	NQPs     uint32
+	NDataQPs uint32
+	Split    uint32
+	Addr     uint64 // sender: CTS FIFO base; receiver: completion-record base
+	TC       uint32
+	SL       uint32
+	Devs     [maxVDevs]devMeta
+	QPs      [maxQPs]qpMeta
+}
+
+func writeMsg(c net.Conn, v any) error { return binary.Write(c, binary.LittleEndian, v) }
+func readMsg(c net.Conn, v any) error  { return binary.Read(c, binary.LittleEndian, v) }
+
+// dialRetry connects to addr, retrying refused/unreachable connections like
+// NCCL does (NCCL_SOCKET_RETRY_CNT x NCCL_SOCKET_RETRY_SLEEP_MSEC, linear
+// back-off) until deadline.
+func dialRetry(addr netip.AddrPort, deadline time.Time, log nccl.Logger) (net.Conn, error) {
+	retries := int(nccl.EnvInt(log, "NCCL_SOCKET_RETRY_CNT", 34))
+	sleep := time.Duration(nccl.EnvInt(log, "NCCL_SOCKET_RETRY_SLEEP_MSEC", 100)) * time.Millisecond
+	for i := 0; ; i++ {
+		d := net.Dialer{Deadline: deadline}
+		c, err := d.Dial("tcp", addr.String())
+		if err == nil {
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetNoDelay(true)
+			}
+			return c, nil
+		}
+		retryable := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH)
+		if !retryable || i >= retries || time.Now().Add(sleep*time.Duration(i+1)).After(deadline) {
+			return nil, fmt.Errorf("connect to %v: %w (after %d retries; check NCCL_SOCKET_IFNAME and firewalls)", addr, err, i)
+		}
+		time.Sleep(sleep * time.Duration(i+1))
+	}
+}
+
+// readFull reads exactly len(b) bytes (io.ReadFull with a clearer error).
+func readFull(c net.Conn, b []byte) error {
+	_, err := io.ReadFull(c, b)
+	return err
+}
+
+// leU64 reads and writes the connector-state words of NCCL's handle copy.
+type leU64 struct{ h *nccl.Handle }
+
+func (l leU64) get(off int) uint64    { return binary.LittleEndian.Uint64(l.h[off:]) }
+func (l leU64) put(off int, v uint64) { binary.LittleEndian.PutUint64(l.h[off:], v) }

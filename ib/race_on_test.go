@@ -1,0 +1,5 @@
+//go:build race
+
+package ib
+
+const raceEnabled = true

@@ -1,0 +1,131 @@
+package ib
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/ibv"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Real-verbs tests: the same protocol over libibverbs. They run wherever an
+// RDMA device exists (the Soft-RoCE lane runs them against rxe0 with
+// NCCL_IB_HCA=rxe0 NCCL_GO_IB_FORCE_FLUSH=1) and skip, saying why, only when
+// libibverbs is absent or reports no device. Two transport instances in one
+// process share the device (rxe's loopback path).
+
+// overlayEnv sets kv on top of the process environment.
+func overlayEnv(t *testing.T, kv ...string) {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	nccl.SetEnvLookup(func(k string) (string, bool) {
+		if v, ok := m[k]; ok {
+			return v, true
+		}
+		return os.LookupEnv(k)
+	})
+	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+}
+
+func realHosts(t *testing.T) (*host, *host) {
+	t.Helper()
+	lib := nccl.EnvString("NCCL_IBVERBS_LIB", ibv.DefaultLibrary)
+	p, err := ibv.Load(lib)
+	if err != nil {
+		t.Skipf("no RDMA stack: %s cannot be loaded (%v)", lib, err)
+	}
+	names, err := p.Devices()
+	require.NoError(t, err)
+	if len(names) == 0 {
+		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
+	}
+	t.Logf("RDMA devices: %v (NCCL_IB_HCA=%q)", names, nccl.EnvString("NCCL_IB_HCA", ""))
+	mk := func() *host {
+		h := &host{t: New().(*Transport), log: &captureLog{}}
+		require.NoError(t, h.t.Init(nccl.InitContext{Log: h.log}), "devices exist, so Init must find a usable port")
+		t.Cleanup(func() { assert.NoError(t, h.t.Finalize()) })
+		return h
+	}
+	a, b := mk(), mk()
+	t.Logf("device 0: %s:%d %v GID index %d %v; OOB %s %v", a.t.devs[0].name, a.t.devs[0].port, a.t.devs[0].attr.LinkLayer,
+		a.t.devs[0].gidIndex, a.t.devs[0].gid, a.t.oobName, a.t.oobAddr)
+	return a, b
+}
+
+func TestRealVerbsTransfer(t *testing.T) {
+	for _, c := range []struct{ name, qps, split string }{{"qps=1", "1", "0"}, {"qps=2,split", "2", "1"}} {
+		t.Run(c.name, func(t *testing.T) {
+			overlayEnv(t, "NCCL_IB_QPS_PER_CONNECTION", c.qps, "NCCL_IB_SPLIT_DATA_ON_QPS", c.split)
+			a, b := realHosts(t)
+			sc, rc := connectPair(t, a, 0, b, 0)
+			for _, size := range []int{0, 1, 4097, 1 << 20} {
+				got, sizes := transfer(t, sc, rc, []int{size}, []int{size + 128})
+				assert.Equal(t, []int{size}, sizes)
+				assert.Equal(t, pattern(size, 0), got[0][:size], "size %d", size)
+				assert.Equal(t, byte(0xee), got[0][size], "nothing past the message")
+			}
+			send := []int{100, 0, 65536, 7}
+			got, sizes := transfer(t, sc, rc, send, []int{128, 8, 65536, 4096})
+			assert.Equal(t, send, sizes, "grouped receive")
+			for i, n := range send {
+				assert.Equal(t, pattern(n, byte(i)), got[i][:n])
+			}
+		})
+	}
+}
+
+func TestRealVerbsFlushAndTruncation(t *testing.T) {
+	overlayEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
+	a, b := realHosts(t)
+	sc, rc := connectPair(t, a, 0, b, 0)
+	require.True(t, rc.flushEnabled)
+	got, sizes := transfer(t, sc, rc, []int{300}, []int{4096})
+	rb := newBuf(t, rc, 4096, 0)
+	copy(rb.b, got[0])
+	r, err := rc.Iflush([]nccl.RecvBuffer{{Data: rb.ptr(), Size: sizes[0], MH: rb.mh}})
+	require.NoError(t, err)
+	require.NotEqual(t, nccl.NoRequest, r)
+	within(t, "flush READ over the loopback QP", func() (bool, error) { return rc.Test(r, nil) })
+	assert.Equal(t, rb.b[0], rc.flushMem.b[0])
+
+	// A send larger than the posted receive fails on both sides, nothing written.
+	small := newBuf(t, rc, 256, 0xee)
+	rr, err := rc.Irecv([]nccl.RecvBuffer{{Data: small.ptr(), Size: 64, MH: small.mh}})
+	require.NoError(t, err)
+	big := newBuf(t, sc, 4096, 1)
+	var sr nccl.Request = nccl.NoRequest
+	within(t, "isend", func() (bool, error) {
+		var err error
+		sr, err = sc.Isend(big.ptr(), 65, 0, big.mh)
+		return sr != nccl.NoRequest, err
+	})
+	var rerr, serr error
+	deadline := time.Now().Add(30 * time.Second)
+	for rerr == nil || serr == nil {
+		if rerr == nil {
+			var done bool
+			done, rerr = rc.Test(rr, make([]int, 1))
+			require.False(t, done && rerr == nil, "truncated receive reported success")
+		}
+		if serr == nil {
+			var done bool
+			done, _, serr = sc.Test(sr)
+			require.False(t, done && serr == nil, "truncated send reported success")
+		}
+		require.True(t, time.Now().Before(deadline))
+	}
+	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(rerr))
+	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(serr))
+	assert.Equal(t, byte(0xee), small.b[0])
+
+	st, ok := a.t.MRStats(0)
+	require.True(t, ok)
+	assert.NotZero(t, st.Misses)
+	assert.NotZero(t, st.RegisteredBytes)
+}

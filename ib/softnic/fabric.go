@@ -1,0 +1,374 @@
+package softnic
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+)
+
+// Fabric connects software devices. All devices of a fabric can reach each
+// other (one switch).
+type Fabric struct {
+	mu      sync.Mutex
+	devices []*Device
+	byName  map[string]*Device
+	nextLID uint16
+	nextQPN uint32
+	nextKey uint32
+	nextID  uint64
+	faults  []*faultState
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric() *Fabric {
+	return &Fabric{byName: map[string]*Device{}, nextLID: 1, nextQPN: 0x100, nextKey: 0x1000}
+}
+
+// GIDEntry is one GID table entry of a RoCE port, with the type sysfs would
+// report for it ("RoCE v2" or "IB/RoCE v1").
+type GIDEntry struct {
+	GID  verbs.GID
+	Type string
+}
+
+// DeviceConfig describes a software device. Zero fields take the defaults in
+// brackets.
+type DeviceConfig struct {
+	Name      string
+	LinkLayer verbs.LinkLayer // [InfiniBand]
+	Ports     int             // [1]
+	State     verbs.PortState // [ACTIVE]
+	MTU       verbs.MTU       // [5 = 4096]
+	Width     uint8           // [2 = 4x]
+	Speed     uint8           // [32 = EDR, 25 Gb/s per lane]
+	MaxQP     int             // [131072]
+	GUID      uint64          // [derived from the device index]
+	GIDs      []GIDEntry      // RoCE GID table [one IPv4 RoCE v2 GID per device]
+	NetDev    string          // netdev named in sysfs for RoCE [<name>_eth]
+	PCIPath   string          // [/sys/devices/pci0000:00/0000:00:0<i>.0]
+}
+
+// Device is one software HCA.
+type Device struct {
+	fabric *Fabric
+	cfg    DeviceConfig
+	index  int
+	ports  []portState
+	mrs    map[uint32]*mr
+	qps    map[uint32]*qp
+	ctxs   map[*context]struct{}
+}
+
+type portState struct {
+	attr verbs.PortAttr
+	gids []GIDEntry
+}
+
+// AddDevice creates a device on the fabric.
+func (f *Fabric) AddDevice(cfg DeviceConfig) *Device {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, dup := f.byName[cfg.Name]; dup || cfg.Name == "" {
+		panic(fmt.Sprintf("softnic: bad or duplicate device name %q", cfg.Name))
+	}
+	idx := len(f.devices)
+	if cfg.LinkLayer == verbs.LinkUnspecified {
+		cfg.LinkLayer = verbs.LinkInfiniBand
+	}
+	if cfg.Ports == 0 {
+		cfg.Ports = 1
+	}
+	if cfg.State == 0 {
+		cfg.State = verbs.PortActive
+	}
+	if cfg.MTU == 0 {
+		cfg.MTU = 5
+	}
+	if cfg.Width == 0 {
+		cfg.Width = 2
+	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 32
+	}
+	if cfg.MaxQP == 0 {
+		cfg.MaxQP = 131072
+	}
+	if cfg.GUID == 0 {
+		cfg.GUID = 0x0002c90300a00000 + uint64(idx)<<8
+	}
+	if cfg.NetDev == "" && cfg.LinkLayer == verbs.LinkEthernet {
+		cfg.NetDev = cfg.Name + "_eth"
+	}
+	if cfg.PCIPath == "" {
+		cfg.PCIPath = fmt.Sprintf("/sys/devices/pci0000:00/0000:00:%02x.0", idx+1)
+	}
+	d := &Device{fabric: f, cfg: cfg, index: idx, mrs: map[uint32]*mr{}, qps: map[uint32]*qp{}, ctxs: map[*context]struct{}{}}
+	for p := 0; p < cfg.Ports; p++ {
+		ps := portState{attr: verbs.PortAttr{State: cfg.State, MaxMTU: cfg.MTU, ActiveMTU: cfg.MTU,
+			ActiveWidth: cfg.Width, ActiveSpeed: cfg.Speed, LinkLayer: cfg.LinkLayer}}
+		if cfg.LinkLayer == verbs.LinkEthernet {
+			ps.gids = cfg.GIDs
+			if ps.gids == nil {
+				ip := netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + idx*4 + p)})
+				ps.gids = []GIDEntry{
+					{GID: linkLocalGID(cfg.GUID + uint64(p)), Type: "IB/RoCE v1"},
+					{GID: linkLocalGID(cfg.GUID + uint64(p)), Type: "RoCE v2"},
+					{GID: verbs.GID(netip.AddrFrom16(ip.As16()).As16()), Type: "IB/RoCE v1"},
+					{GID: mapped(ip), Type: "RoCE v2"},
+				}
+			}
+		} else {
+			ps.attr.LID = f.nextLID
+			f.nextLID++
+			ps.gids = []GIDEntry{{GID: linkLocalGID(cfg.GUID + uint64(p)), Type: "IB/RoCE v1"}}
+		}
+		ps.attr.GIDTblLen = len(ps.gids)
+		d.ports = append(d.ports, ps)
+	}
+	f.devices = append(f.devices, d)
+	f.byName[cfg.Name] = d
+	return d
+}
+
+func mapped(ip netip.Addr) verbs.GID { return verbs.GID(netip.AddrFrom16(ip.As16()).As16()) }
+
+func linkLocalGID(guid uint64) verbs.GID {
+	var g verbs.GID
+	g[0], g[1] = 0xfe, 0x80
+	for i := 0; i < 8; i++ {
+		g[8+i] = byte(guid >> (56 - 8*i))
+	}
+	return g
+}
+
+// Name returns the device name.
+func (d *Device) Name() string { return d.cfg.Name }
+
+// SetPortState changes a port's state (e.g. to test that DOWN ports are skipped).
+func (d *Device) SetPortState(port int, s verbs.PortState) {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	d.ports[port-1].attr.State = s
+}
+
+// InjectAsyncEvent delivers an asynchronous event as the hardware would: QP
+// and CQ events to the context owning that object, device and port events to
+// every open context of the device.
+func (d *Device) InjectAsyncEvent(ev verbs.AsyncEvent) {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	d.deliverLocked(ev)
+}
+
+func (d *Device) deliverLocked(ev verbs.AsyncEvent) {
+	var targets []*context
+	switch ev.Type {
+	case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr, verbs.EventCommEst,
+		verbs.EventSQDrained, verbs.EventPathMig, verbs.EventPathMigErr, verbs.EventQPLastWQEReached:
+		if q := d.qps[ev.QPNum]; q != nil {
+			targets = append(targets, q.pd.ctx)
+		}
+	case verbs.EventCQErr:
+		for c := range d.ctxs {
+			if _, ok := c.cqs[ev.CQID]; ok {
+				targets = append(targets, c)
+			}
+		}
+	default:
+		for c := range d.ctxs {
+			targets = append(targets, c)
+		}
+	}
+	for _, c := range targets {
+		select {
+		case c.events <- ev:
+		default: // a real device drops events nobody reads, too
+		}
+	}
+}
+
+// QPCount returns how many QPs exist on the device (tests check for leaks).
+func (d *Device) QPCount() int {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	return len(d.qps)
+}
+
+// MRCount returns how many MRs are registered on the device.
+func (d *Device) MRCount() int {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	return len(d.mrs)
+}
+
+// Fault makes matching work requests fail with Status. The failing WR's QP
+// then enters the error state, so everything after it is flushed.
+type Fault struct {
+	Device string         // requester device name; "" matches any
+	QPNum  uint32         // requester QP; 0 matches any
+	Ops    []verbs.Opcode // nil matches any opcode
+	Status verbs.WCStatus
+	Count  int // WRs to fail before the fault disarms; <= 0 means forever
+}
+
+type faultState struct {
+	Fault
+	left int
+}
+
+// InjectFault arms a fault.
+func (f *Fabric) InjectFault(flt Fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = append(f.faults, &faultState{Fault: flt, left: flt.Count})
+}
+
+// ClearFaults disarms every fault.
+func (f *Fabric) ClearFaults() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.faults = nil
+}
+
+func (f *Fabric) matchFaultLocked(dev string, qpn uint32, op verbs.Opcode) (verbs.WCStatus, bool) {
+	for i, fs := range f.faults {
+		if fs.Device != "" && fs.Device != dev || fs.QPNum != 0 && fs.QPNum != qpn {
+			continue
+		}
+		if fs.Ops != nil {
+			hit := false
+			for _, o := range fs.Ops {
+				hit = hit || o == op
+			}
+			if !hit {
+				continue
+			}
+		}
+		if fs.Count > 0 {
+			fs.left--
+			if fs.left <= 0 {
+				f.faults = append(f.faults[:i:i], f.faults[i+1:]...)
+			}
+		}
+		return fs.Status, true
+	}
+	return 0, false
+}
+
+// resolveLocked finds the destination port of an address vector.
+func (f *Fabric) resolveLocked(ah verbs.AH) *Device {
+	for _, d := range f.devices {
+		for _, p := range d.ports {
+			if ah.IsGlobal {
+				for _, g := range p.gids {
+					if g.GID == ah.DGID && !g.GID.IsZero() {
+						return d
+					}
+				}
+			} else if p.attr.LID != 0 && p.attr.LID == ah.DLID {
+				return d
+			}
+		}
+	}
+	return nil
+}
+
+// Provider returns a verbs provider that sees the named devices (all of the
+// fabric's devices when none are named), with the given optional features.
+func (f *Fabric) Provider(feat verbs.Features, names ...string) *Provider {
+	return &Provider{fabric: f, names: names, feat: feat}
+}
+
+// Provider is one host's view of a fabric.
+type Provider struct {
+	fabric *Fabric
+	names  []string
+	feat   verbs.Features
+}
+
+func (p *Provider) Name() string             { return "softnic" }
+func (p *Provider) Features() verbs.Features { return p.feat }
+
+func (p *Provider) Devices() ([]string, error) {
+	if p.names != nil {
+		return append([]string(nil), p.names...), nil
+	}
+	p.fabric.mu.Lock()
+	defer p.fabric.mu.Unlock()
+	out := make([]string, len(p.fabric.devices))
+	for i, d := range p.fabric.devices {
+		out[i] = d.cfg.Name
+	}
+	return out, nil
+}
+
+func (p *Provider) Open(name string) (verbs.Context, error) {
+	f := p.fabric
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d := f.byName[name]
+	if d == nil {
+		return nil, fmt.Errorf("softnic: no device %q: %w", name, verbs.ENOENT)
+	}
+	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, dmabuf: p.feat.DMABuf}
+	d.ctxs[c] = struct{}{}
+	return c, nil
+}
+
+// WriteSysfs lays out, under root, the sysfs files the IB transport reads for
+// every device of the fabric: class/infiniband/<dev>/device (a link to the PCI
+// device directory), ports/<p>/state, link_layer, gid_attrs/types/<i> and
+// gid_attrs/ndevs/<i>.
+func (f *Fabric) WriteSysfs(root string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.devices {
+		base := filepath.Join(root, "class", "infiniband", d.cfg.Name)
+		pci := filepath.Join(root, "devices", filepath.Base(filepath.Dir(d.cfg.PCIPath)), filepath.Base(d.cfg.PCIPath))
+		if err := os.MkdirAll(pci, 0o755); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(base, 0o755); err != nil {
+			return err
+		}
+		if err := os.Symlink(pci, filepath.Join(base, "device")); err != nil && !os.IsExist(err) {
+			return err
+		}
+		for pi, p := range d.ports {
+			pd := filepath.Join(base, "ports", strconv.Itoa(pi+1))
+			for _, sub := range []string{"gid_attrs/types", "gid_attrs/ndevs"} {
+				if err := os.MkdirAll(filepath.Join(pd, sub), 0o755); err != nil {
+					return err
+				}
+			}
+			files := map[string]string{
+				"state":      fmt.Sprintf("%d: %s\n", int(p.attr.State), p.attr.State),
+				"link_layer": map[bool]string{true: "Ethernet\n", false: "InfiniBand\n"}[d.cfg.LinkLayer == verbs.LinkEthernet],
+			}
+			for i, g := range p.gids {
+				files[fmt.Sprintf("gid_attrs/types/%d", i)] = g.Type + "\n"
+				if d.cfg.NetDev != "" {
+					files[fmt.Sprintf("gid_attrs/ndevs/%d", i)] = d.cfg.NetDev + "\n"
+				}
+			}
+			for name, content := range files {
+				if err := os.WriteFile(filepath.Join(pd, name), []byte(content), 0o644); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Device returns the named device, or nil.
+func (f *Fabric) Device(name string) *Device {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.byName[name]
+}
