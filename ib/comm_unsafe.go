@@ -56,7 +56,7 @@ func chunkSize(size, nq int) int {
 func qpsPerConnection(log nccl.Logger) int {
 	n := int(nccl.EnvInt(log, "NCCL_IB_QPS_PER_CONNECTION", 1))
 	if n < 1 || n > maxQPs {
-		log.Warnf("NET/IB : NCCL_IB_QPS_PER_CONNECTION=%d outside [1,%d]; using %d", n, maxQPs, min(max(n, 1), maxQPs))
+		log.Warnf("NET/GoIB : NCCL_IB_QPS_PER_CONNECTION=%d outside [1,%d]; using %d", n, maxQPs, min(max(n, 1), maxQPs))
 		n = min(max(n, 1), maxQPs)
 	}
 	return n
@@ -112,17 +112,17 @@ func newSendComm(t *Transport, dev int, devs []*device, remDevs int, peer string
 		}
 	}()
 	if s.fifo, err = newHostMem(fifoBytes); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : CTS FIFO: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : CTS FIFO: %w", err)
 	}
 	if err := s.fifo.register(devs, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : CTS FIFO: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : CTS FIFO: %w", err)
 	}
 	s.cts = (*[maxRequests][maxRecvs]ctsEntry)(s.fifo.ptr())
 	if s.sizesMem, err = newHostMem(recordBytes); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : size records: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : size records: %w", err)
 	}
 	if err := s.sizesMem.register(devs, verbs.AccessLocalWrite); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : size records: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : size records: %w", err)
 	}
 	s.sizes = (*[maxRequests][maxRecvs]int32)(s.sizesMem.ptr())
 	for i := range s.free {
@@ -173,6 +173,9 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, mh nccl.MemHand
 	ents := &s.cts[slot]
 	idx := s.fifoHead + 1
 	if atomic.LoadUint64(&ents[0].Idx) != idx {
+		if s.watch.gone() {
+			return nccl.NoRequest, s.peerGoneError(fmt.Sprintf("send of %d bytes (waiting for the receiver's clear-to-send)", size))
+		}
 		return nccl.NoRequest, nil
 	}
 	nreqs := int(ents[0].NReqs)
@@ -192,15 +195,15 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, mh nccl.MemHand
 		}
 	}
 	if entry < 0 {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/IB : isend with tag %d matches no free buffer of the receive posted by %s (%d buffers); sends and receives must agree on tags", tag, s.peer, nreqs)
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : isend with tag %d matches no free buffer of the receive posted by %s (%d buffers); sends and receives must agree on tags", tag, s.peer, nreqs)
 	}
 	var h *mrHandle
 	if size > 0 {
 		if h = lookupMR(mh); h == nil || h.n != len(s.devs) {
-			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/IB : isend of %d bytes with invalid memory handle %#x (not from regMr on this device)", size, uintptr(mh))
+			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : isend of %d bytes with invalid memory handle %#x (not from regMr on this device)", size, uintptr(mh))
 		}
 		if !h.covers(uint64(uintptr(data)), size) {
-			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/IB : isend buffer %p+%d lies outside its registration", data, size)
+			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : isend buffer %p+%d lies outside its registration", data, size)
 		}
 	}
 	if s.nfree == 0 {
@@ -212,7 +215,7 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, mh nccl.MemHand
 	*req = sendReq{inUse: true, size: size, data: uint64(uintptr(data)), mh: h, posted: ents[entry].Size}
 	if uint64(size) > req.posted {
 		req.truncated = true
-		s.log.Warnf("NET/IB : send of %d bytes to %s is larger than the posted receive buffer of %d bytes (tag %d); nothing was written past the buffer and both requests fail with ncclInvalidUsage: sender and receiver disagree on message sizes",
+		s.log.Warnf("NET/GoIB : send of %d bytes to %s is larger than the posted receive buffer of %d bytes (tag %d); nothing was written past the buffer and both requests fail with ncclInvalidUsage: sender and receiver disagree on message sizes",
 			size, s.peer, req.posted, tag)
 	}
 	s.slotReq[slot][entry] = id
@@ -283,7 +286,7 @@ func (s *sendComm) post(slot, nreqs int) error {
 			n++
 		}
 		if _, err := q.qp.PostSend(s.wrs[:n]); err != nil {
-			s.failed = nccl.Errorf(nccl.SystemError, "NET/IB : ibv_post_send on %s to %s: %w", s.devs[q.dev], s.peer, err)
+			s.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send on %s to %s: %w", s.devs[q.dev], s.peer, err)
 			return s.failed
 		}
 	}
@@ -291,7 +294,7 @@ func (s *sendComm) post(slot, nreqs int) error {
 }
 
 func (s *sendComm) protocolError(what string) error {
-	s.failed = nccl.Errorf(nccl.InternalError, "NET/IB : protocol error with %s: %s", s.peer, what)
+	s.failed = nccl.Errorf(nccl.InternalError, "NET/GoIB : protocol error with %s: %s", s.peer, what)
 	return s.failed
 }
 
@@ -299,7 +302,7 @@ func (s *sendComm) protocolError(what string) error {
 // slot has completed.
 func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
 	if r < 0 || int(r) >= maxRequests || !s.reqs[r].inUse {
-		return false, 0, nccl.Errorf(nccl.InternalError, "NET/IB : test of unknown send request %d", r)
+		return false, 0, nccl.Errorf(nccl.InternalError, "NET/GoIB : test of unknown send request %d", r)
 	}
 	if err := s.check(); err != nil {
 		return false, 0, err
@@ -310,6 +313,9 @@ func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
 			return false, 0, err
 		}
 		if req.pending > 0 {
+			if s.watch.gone() {
+				return false, 0, s.peerGoneError(fmt.Sprintf("send of %d bytes", req.size))
+			}
 			return false, 0, nil
 		}
 	}
@@ -317,7 +323,7 @@ func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
 	s.free[s.nfree] = int16(r)
 	s.nfree++
 	if req.truncated {
-		return true, 0, nccl.Errorf(nccl.InvalidUsage, "NET/IB : send of %d bytes to %s exceeded the posted receive of %d bytes", req.size, s.peer, req.posted)
+		return true, 0, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : send of %d bytes to %s exceeded the posted receive of %d bytes", req.size, s.peer, req.posted)
 	}
 	return true, req.size, nil
 }
@@ -327,7 +333,7 @@ func (s *sendComm) progress() error {
 		for {
 			n, err := cq.Poll(s.wcs[:])
 			if err != nil {
-				s.failed = nccl.Errorf(nccl.SystemError, "NET/IB : ibv_poll_cq on %s: %w", s.devs[ci], err)
+				s.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", s.devs[ci], err)
 				return s.failed
 			}
 			for k := 0; k < n; k++ {
@@ -371,7 +377,7 @@ func (s *sendComm) Close() error {
 	if s.sizesMem != nil {
 		s.sizesMem.free()
 	}
-	s.failed = nccl.Errorf(nccl.InternalError, "NET/IB : send comm used after close")
+	s.failed = nccl.Errorf(nccl.InternalError, "NET/GoIB : send comm used after close")
 	return nil
 }
 
@@ -423,7 +429,7 @@ func newRecvComm(t *Transport, dev int, devs []*device, sm *connMeta, peer strin
 	core.nDataQPs = int(sm.NDataQPs)
 	if core.nDataQPs < 1 || core.nDataQPs > nqps {
 		core.destroy()
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : peer %s uses %d data QPs of %d", peer, sm.NDataQPs, nqps)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : peer %s uses %d data QPs of %d", peer, sm.NDataQPs, nqps)
 	}
 	c := &recvComm{commCore: core, remFifo: sm.Addr}
 	ok := false
@@ -436,17 +442,17 @@ func newRecvComm(t *Transport, dev int, devs []*device, sm *connMeta, peer strin
 		c.remFifoRKeys[i] = sm.Devs[i].RKey
 	}
 	if c.shadow, err = newHostMem(fifoBytes); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : CTS shadow: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : CTS shadow: %w", err)
 	}
 	if err := c.shadow.register(devs, verbs.AccessLocalWrite); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : CTS shadow: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : CTS shadow: %w", err)
 	}
 	c.cts = (*[maxRequests][maxRecvs]ctsEntry)(c.shadow.ptr())
 	if c.recMem, err = newHostMem(recordBytes); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : completion records: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : completion records: %w", err)
 	}
 	if err := c.recMem.register(devs, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : completion records: %w", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : completion records: %w", err)
 	}
 	c.rec = (*[maxRequests][maxRecvs]int32)(c.recMem.ptr())
 	tc := int(nccl.EnvInt(t.log, "NCCL_IB_FIFO_TC", -1))
@@ -474,15 +480,15 @@ func newRecvComm(t *Transport, dev int, devs []*device, sm *connMeta, peer strin
 func (c *recvComm) setupFlush() error {
 	var err error
 	if c.flushMem, err = newHostMem(int(pageSize)); err != nil {
-		return nccl.Errorf(nccl.SystemError, "NET/IB : flush buffer: %w", err)
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush buffer: %w", err)
 	}
 	if err := c.flushMem.register(c.devs, verbs.AccessLocalWrite); err != nil {
-		return nccl.Errorf(nccl.SystemError, "NET/IB : flush buffer: %w", err)
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush buffer: %w", err)
 	}
 	for i, d := range c.devs {
 		qp, err := d.hca.pd.CreateQP(verbs.QPInitAttr{SendCQ: c.cqs[i], RecvCQ: c.cqs[i], MaxSendWR: maxRequests, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
 		if err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/IB : flush QP on %s: %w", d, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP on %s: %w", d, err)
 		}
 		c.flushQPs = append(c.flushQPs, qp)
 		d.hca.owners.Store(qp.Num(), c.commCore)
@@ -493,13 +499,13 @@ func (c *recvComm) setupFlush() error {
 			ah.DLID = d.attr.LID
 		}
 		if err := qp.ModifyToInit(verbs.InitAttr{Port: d.port, Access: verbs.AccessRemoteRead}); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/IB : flush QP INIT on %s: %w", d, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP INIT on %s: %w", d, err)
 		}
 		if err := qp.ModifyToRTR(verbs.RTRAttr{PathMTU: d.attr.ActiveMTU, DestQPN: qp.Num(), MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/IB : flush QP RTR on %s: %w", d, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTR on %s: %w", d, err)
 		}
 		if err := qp.ModifyToRTS(verbs.RTSAttr{Timeout: int(nccl.EnvInt(c.log, "NCCL_IB_TIMEOUT", 20)), RetryCnt: int(nccl.EnvInt(c.log, "NCCL_IB_RETRY_CNT", 7)), RNRRetry: 7, MaxRdAtom: 1}); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/IB : flush QP RTS on %s: %w", d, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTS on %s: %w", d, err)
 		}
 	}
 	for i := range c.flushFree {
@@ -529,7 +535,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	}
 	n := len(bufs)
 	if n < 1 || n > maxRecvs {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/IB : grouped receive of %d buffers; this device allows 1 to %d (maxRecvs)", n, maxRecvs)
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : grouped receive of %d buffers; this device allows 1 to %d (maxRecvs)", n, maxRecvs)
 	}
 	slot := int(c.fifoHead % maxRequests)
 	req := &c.reqs[slot]
@@ -544,10 +550,10 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		if b.Size > 0 {
 			h := lookupMR(b.MH)
 			if h == nil || h.n != len(c.devs) {
-				return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/IB : irecv buffer %d (%d bytes) has invalid memory handle %#x", i, b.Size, uintptr(b.MH))
+				return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : irecv buffer %d (%d bytes) has invalid memory handle %#x", i, b.Size, uintptr(b.MH))
 			}
 			if !h.covers(e.Addr, b.Size) {
-				return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/IB : irecv buffer %d at %p+%d lies outside its registration", i, b.Data, b.Size)
+				return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : irecv buffer %d at %p+%d lies outside its registration", i, b.Data, b.Size)
 			}
 			for d := 0; d < h.n; d++ {
 				e.RKeys[d] = h.rkeys[d]
@@ -559,7 +565,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	for i := 0; i < nq; i++ {
 		qi := int((c.fifoHead*uint64(nq) + uint64(i)) % uint64(len(c.qps)))
 		if _, err := c.qps[qi].qp.PostRecv(c.rwr[:]); err != nil {
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/IB : ibv_post_recv on %s: %w", c.devs[c.qps[qi].dev], err)
+			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_recv on %s: %w", c.devs[c.qps[qi].dev], err)
 			return nccl.NoRequest, c.failed
 		}
 	}
@@ -579,7 +585,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		SGE:        verbs.SGE{Addr: c.shadow.addr() + uint64(slot*maxRecvs*ctsEntrySize), Length: uint32(n * ctsEntrySize), LKey: c.shadow.mrs[q.dev].LKey()},
 		RemoteAddr: c.remFifo + uint64(slot*maxRecvs*ctsEntrySize), RKey: c.remFifoRKeys[q.remDev]}
 	if _, err := q.qp.PostSend(c.swr[:]); err != nil {
-		c.failed = nccl.Errorf(nccl.SystemError, "NET/IB : ibv_post_send (CTS) on %s: %w", c.devs[q.dev], err)
+		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (CTS) on %s: %w", c.devs[q.dev], err)
 		return nccl.NoRequest, c.failed
 	}
 	*req = recvReq{inUse: true, n: n, pending: nq}
@@ -611,10 +617,10 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	}
 	h := lookupMR(bufs[last].MH)
 	if h == nil || h.n != len(c.devs) {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/IB : iflush buffer %d has invalid memory handle %#x", last, uintptr(bufs[last].MH))
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : iflush buffer %d has invalid memory handle %#x", last, uintptr(bufs[last].MH))
 	}
 	if c.nflushFree == 0 {
-		return nccl.NoRequest, nccl.Errorf(nccl.InternalError, "NET/IB : more than %d flushes in flight", maxRequests)
+		return nccl.NoRequest, nccl.Errorf(nccl.InternalError, "NET/GoIB : more than %d flushes in flight", maxRequests)
 	}
 	c.nflushFree--
 	id := int(c.flushFree[c.nflushFree])
@@ -624,7 +630,7 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 			SGE:        verbs.SGE{Addr: c.flushMem.addr(), Length: 1, LKey: c.flushMem.mrs[d].LKey()},
 			RemoteAddr: uint64(uintptr(bufs[last].Data)), RKey: h.rkeys[d]}
 		if _, err := qp.PostSend(c.swr[:]); err != nil {
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/IB : ibv_post_send (flush) on %s: %w", c.devs[d], err)
+			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (flush) on %s: %w", c.devs[d], err)
 			return nccl.NoRequest, c.failed
 		}
 	}
@@ -638,7 +644,7 @@ func (c *recvComm) Test(r nccl.Request, sizes []int) (bool, error) {
 		return c.testFlush(int(r - flushIDBase))
 	}
 	if r < 0 || int(r) >= maxRequests || !c.reqs[r].inUse {
-		return false, nccl.Errorf(nccl.InternalError, "NET/IB : test of unknown receive request %d", r)
+		return false, nccl.Errorf(nccl.InternalError, "NET/GoIB : test of unknown receive request %d", r)
 	}
 	if err := c.check(); err != nil {
 		return false, err
@@ -649,6 +655,9 @@ func (c *recvComm) Test(r nccl.Request, sizes []int) (bool, error) {
 			return false, err
 		}
 		if req.pending > 0 {
+			if c.watch.gone() {
+				return false, c.peerGoneError(fmt.Sprintf("receive of up to %d bytes", req.caps[0]))
+			}
 			return false, nil
 		}
 	}
@@ -678,15 +687,15 @@ func (c *recvComm) Test(r nccl.Request, sizes []int) (bool, error) {
 }
 
 func (c *recvComm) truncated(sent, posted, i int) error {
-	c.log.Warnf("NET/IB : message truncated: %s sent %d bytes into receive buffer %d of %d bytes; nothing was written past the buffer; check that both sides agree on message sizes",
+	c.log.Warnf("NET/GoIB : message truncated: %s sent %d bytes into receive buffer %d of %d bytes; nothing was written past the buffer; check that both sides agree on message sizes",
 		c.peer, sent, i, posted)
-	return nccl.Errorf(nccl.InvalidUsage, "NET/IB : receive of %d bytes into a %d-byte buffer from %s", sent, posted, c.peer)
+	return nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : receive of %d bytes into a %d-byte buffer from %s", sent, posted, c.peer)
 }
 
 func (c *recvComm) testFlush(id int) (bool, error) {
 	f := &c.flushReqs[id]
 	if !f.inUse {
-		return false, nccl.Errorf(nccl.InternalError, "NET/IB : test of unknown flush request %d", flushIDBase+id)
+		return false, nccl.Errorf(nccl.InternalError, "NET/GoIB : test of unknown flush request %d", flushIDBase+id)
 	}
 	if err := c.check(); err != nil {
 		return false, err
@@ -710,7 +719,7 @@ func (c *recvComm) progress() error {
 		for {
 			n, err := cq.Poll(c.wcs[:])
 			if err != nil {
-				c.failed = nccl.Errorf(nccl.SystemError, "NET/IB : ibv_poll_cq on %s: %w", c.devs[ci], err)
+				c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", c.devs[ci], err)
 				return c.failed
 			}
 			for k := 0; k < n; k++ {
@@ -751,7 +760,7 @@ func (c *recvComm) Close() error {
 			m.free()
 		}
 	}
-	c.failed = nccl.Errorf(nccl.InternalError, "NET/IB : receive comm used after close")
+	c.failed = nccl.Errorf(nccl.InternalError, "NET/GoIB : receive comm used after close")
 	return nil
 }
 
@@ -782,8 +791,8 @@ func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
 	case wrFlush:
 		kind = "flush"
 	}
-	c.log.Warnf("NET/IB : got completion from peer %s with status=%v(%d) opcode=%v (%s) len=%d vendor_err=%d on %s: %s",
+	c.log.Warnf("NET/GoIB : got completion from peer %s with status=%v(%d) opcode=%v (%s) len=%d vendor_err=%d on %s: %s",
 		c.peer, wc.Status, int(wc.Status), wc.Opcode, kind, wc.ByteLen, wc.VendorErr, c.devs[ci], hint)
-	c.failed = nccl.Errorf(nccl.RemoteError, "NET/IB : completion with status %v on %s from %s", wc.Status, c.devs[ci], c.peer)
+	c.failed = nccl.Errorf(nccl.RemoteError, "NET/GoIB : completion with status %v on %s from %s", wc.Status, c.devs[ci], c.peer)
 	return c.failed
 }

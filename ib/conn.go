@@ -47,6 +47,7 @@ type commCore struct {
 	devFatal   [maxVDevs]uint64
 	failed     error // sticky data-path failure (progress thread only)
 	wcs        [64]verbs.WC
+	watch      peerWatch // the kept handshake connection (progress thread only)
 }
 
 func (c *commCore) setFatal(msg string) { c.fatal.Store(&msg) }
@@ -61,7 +62,7 @@ func (c *commCore) check() error {
 		return nil
 	}
 	if m := c.fatal.Load(); m != nil {
-		c.failed = nccl.Errorf(nccl.SystemError, "NET/IB : communicator with %s encountered a fatal error: %s", c.peer, *m)
+		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, *m)
 		return c.failed
 	}
 	for i, d := range c.devs {
@@ -70,7 +71,7 @@ func (c *commCore) check() error {
 			if p := d.fatalWhy.Load(); p != nil {
 				why = *p
 			}
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/IB : communicator with %s encountered a fatal error: %s", c.peer, why)
+			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, why)
 			return c.failed
 		}
 	}
@@ -100,7 +101,7 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		n := min(2*maxRequests*qpsPerDev+extraCQ, max(d.hca.attr.MaxCQE, 256))
 		cq, err := d.hca.ctx.CreateCQ(n)
 		if err != nil {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/IB : ibv_create_cq(%d) on %s: %w", n, d, err)
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_cq(%d) on %s: %w", n, d, err)
 		}
 		c.cqs = append(c.cqs, cq)
 		d.hca.owners.Store(cq.ID(), c)
@@ -111,12 +112,12 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		qp, err := d.hca.pd.CreateQP(verbs.QPInitAttr{SendCQ: c.cqs[di], RecvCQ: c.cqs[di], MaxSendWR: 2 * maxRequests,
 			MaxRecvWR: maxRequests, MaxSendSGE: 1, MaxRecvSGE: 1})
 		if err != nil {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/IB : ibv_create_qp on %s: %w (max_qp %d reached? NCCL_IB_QPS_PER_CONNECTION lowers the count)", d, err, d.hca.attr.MaxQP)
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_qp on %s: %w (max_qp %d reached? NCCL_IB_QPS_PER_CONNECTION lowers the count)", d, err, d.hca.attr.MaxQP)
 		}
 		c.qps = append(c.qps, commQP{qp: qp, dev: di})
 		d.hca.owners.Store(qp.Num(), c)
 		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: pkey, Port: d.port, Access: access}); err != nil {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/IB : ibv_modify_qp(INIT) on %s: %w; check NCCL_IB_PKEY=%d", d, err, pkey)
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(INIT) on %s: %w; check NCCL_IB_PKEY=%d", d, err, pkey)
 		}
 	}
 	ok = true
@@ -125,17 +126,18 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 
 // destroy releases QPs and CQs (never waits for the peer).
 func (c *commCore) destroy() {
+	c.watch.close()
 	for _, q := range c.qps {
 		c.devs[q.dev].hca.owners.Delete(q.qp.Num())
 		if err := q.qp.Destroy(); err != nil {
-			c.log.Warnf("NET/IB : ibv_destroy_qp: %v", err)
+			c.log.Warnf("NET/GoIB : ibv_destroy_qp: %v", err)
 		}
 	}
 	c.qps = nil
 	for i, cq := range c.cqs {
 		c.devs[i].hca.owners.Delete(cq.ID())
 		if err := cq.Destroy(); err != nil {
-			c.log.Warnf("NET/IB : ibv_destroy_cq: %v", err)
+			c.log.Warnf("NET/GoIB : ibv_destroy_cq: %v", err)
 		}
 	}
 	c.cqs = nil
@@ -189,7 +191,7 @@ func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
 		rd := rm.Devs[rq.Dev]
 		q.remDev = int(rq.Dev)
 		if verbs.LinkLayer(rd.LinkLayer) != d.attr.LinkLayer {
-			return nccl.Errorf(nccl.InvalidUsage, "NET/IB : attempted to connect incompatible devices: local %s is %v, remote device %d is %v; make NCCL_IB_HCA select the same link layer on every node",
+			return nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %s is %v, remote device %d is %v; make NCCL_IB_HCA select the same link layer on every node",
 				d, d.attr.LinkLayer, rq.Dev, verbs.LinkLayer(rd.LinkLayer))
 		}
 		if ece && rq.ECE != [3]uint32{} {
@@ -203,10 +205,10 @@ func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
 		}
 		rtr := verbs.RTRAttr{PathMTU: min(d.attr.ActiveMTU, verbs.MTU(rd.MTU)), DestQPN: rq.QPN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
 		if err := q.qp.ModifyToRTR(rtr); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/IB : ibv_modify_qp(RTR) on %s to QP %#x: %w; on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)", d, rq.QPN, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)", d, rq.QPN, err)
 		}
 		if err := q.qp.ModifyToRTS(verbs.RTSAttr{Timeout: timeout, RetryCnt: retry, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/IB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d, err, timeout, retry)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d, err, timeout, retry)
 		}
 	}
 	return nil
@@ -247,7 +249,7 @@ func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) 
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(t.oobAddr.String(), "0"))
 	if err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : listen on %s (%v): %w; set NCCL_SOCKET_IFNAME to a usable interface", t.oobName, t.oobAddr, err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : listen on %s (%v): %w; set NCCL_SOCKET_IFNAME to a usable interface", t.oobName, t.oobAddr, err)
 	}
 	l := &listener{t: t, dev: dev, devs: devs, ln: ln, magic: socketMagic(t.log), secret: randomU64(), done: make(chan struct{})}
 	ap := ln.Addr().(*net.TCPAddr).AddrPort()
@@ -286,23 +288,32 @@ func (l *listener) acceptLoop() {
 // serve runs the listener side of one handshake. A connection with the
 // wrong magic, type or secret is dropped without disturbing the listen.
 func (l *listener) serve(conn net.Conn) {
-	defer conn.Close()
+	kept := false
+	defer func() {
+		if !kept {
+			_ = conn.Close()
+		}
+	}()
 	_ = conn.SetDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := readMsg(conn, &h); err != nil {
-		l.t.log.Infof(nccl.SubsysNet, "NET/IB : dropping connection from %v: no hello (%v)", conn.RemoteAddr(), err)
+		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping connection from %v: no hello (%v)", conn.RemoteAddr(), err)
 		return
 	}
 	if h.Magic != l.magic || h.Type != socketTypeNetIB || h.Secret != l.secret || h.Version != protoVersion {
-		l.t.log.Infof(nccl.SubsysNet, "NET/IB : dropping connection from %v: magic %#x type %d version %d does not match this listen (NCCL_SOCKET_MAGIC differs, or a stray connection)",
+		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping connection from %v: magic %#x type %d version %d does not match this listen (NCCL_SOCKET_MAGIC differs, or a stray connection)",
 			conn.RemoteAddr(), h.Magic, h.Type, h.Version)
 		return
 	}
 	if !l.claimed.CompareAndSwap(false, true) {
-		l.t.log.Infof(nccl.SubsysNet, "NET/IB : dropping second connection from %v on a listen that already has one", conn.RemoteAddr())
+		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping second connection from %v on a listen that already has one", conn.RemoteAddr())
 		return
 	}
 	rc, err := l.handshake(conn, &h)
+	if rc != nil {
+		rc.watch.attach(conn, l.t.log)
+		kept = true
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
@@ -325,18 +336,18 @@ func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
 		reply.Status = replyIncompatible
 	}
 	if err := writeMsg(conn, &reply); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : handshake with %v: %w", conn.RemoteAddr(), err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %w", conn.RemoteAddr(), err)
 	}
 	if incompatible {
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/IB : attempted to connect incompatible devices: local %v, remote %v link layer; make NCCL_IB_HCA select the same link layer on every node",
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %v, remote %v link layer; make NCCL_IB_HCA select the same link layer on every node",
 			ll, verbs.LinkLayer(h.LinkLayer))
 	}
 	var sm connMeta
 	if err := readMsg(conn, &sm); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : handshake with %v: reading QP info: %w", conn.RemoteAddr(), err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: reading QP info: %w", conn.RemoteAddr(), err)
 	}
 	if err := validateMeta(&sm, int(sm.NQPs)); err != nil || sm.NQPs == 0 {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : handshake with %v: %v", conn.RemoteAddr(), err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %v", conn.RemoteAddr(), err)
 	}
 	rc, err := newRecvComm(t, l.dev, l.devs, &sm, conn.RemoteAddr().String())
 	if err != nil {
@@ -344,12 +355,12 @@ func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
 	}
 	if err := writeMsg(conn, rc.meta); err != nil {
 		_ = rc.Close()
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : handshake with %v: %w", conn.RemoteAddr(), err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %w", conn.RemoteAddr(), err)
 	}
 	var ready uint32
 	if err := readMsg(conn, &ready); err != nil || ready != readyMagic {
 		_ = rc.Close()
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : handshake with %v: peer did not confirm (ready %#x, %v)", conn.RemoteAddr(), ready, err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: peer did not confirm (ready %#x, %v)", conn.RemoteAddr(), ready, err)
 	}
 	return rc, nil
 }
@@ -363,7 +374,7 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.taken {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/IB : accept called again on a listen that already returned its connection")
+		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : accept called again on a listen that already returned its connection")
 	}
 	l.taken = true
 	if l.err != nil {
@@ -408,7 +419,7 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 		c := t.pending[id]
 		if c == nil || c.token != le.get(hOffToken) {
 			t.pendMu.Unlock()
-			return nil, nccl.Errorf(nccl.InternalError, "NET/IB : connect called with a handle whose connection state is unknown (id %#x)", id)
+			return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : connect called with a handle whose connection state is unknown (id %#x)", id)
 		}
 		select {
 		case <-c.done:
@@ -431,10 +442,10 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 	}
 	hi, err := readHandle(handle)
 	if err != nil {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/IB : connect: %v", err)
+		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : connect: %v", err)
 	}
 	if magic := socketMagic(t.log); hi.magic != magic {
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/IB : connect: handle magic %#x differs from ours %#x: set the same NCCL_SOCKET_MAGIC on every rank", hi.magic, magic)
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect: handle magic %#x differs from ours %#x: set the same NCCL_SOCKET_MAGIC on every rank", hi.magic, magic)
 	}
 	c := &connector{token: randomU64(), done: make(chan struct{})}
 	id := randomU64()
@@ -454,13 +465,18 @@ func (t *Transport) dial(dev int, devs []*device, hi handleInfo, opts nccl.Conne
 	deadline := setupDeadline(t.log)
 	conn, err := dialRetry(hi.addr, deadline, t.log)
 	if err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/IB : %v", err)
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : %v", err)
 	}
-	defer conn.Close()
+	kept := false
+	defer func() {
+		if !kept {
+			_ = conn.Close()
+		}
+	}()
 	_ = conn.SetDeadline(deadline)
 	peer := conn.RemoteAddr().String()
 	fail := func(what string, err error) error {
-		return nccl.Errorf(nccl.SystemError, "NET/IB : handshake with %s: %s: %w", peer, what, err)
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %s: %s: %w", peer, what, err)
 	}
 	ll := linkLayerOf(devs)
 	h := hello{Magic: hi.magic, Type: socketTypeNetIB, Version: protoVersion, Secret: hi.secret, NDevs: uint32(len(devs)), LinkLayer: uint32(ll)}
@@ -472,7 +488,7 @@ func (t *Transport) dial(dev int, devs []*device, hi handleInfo, opts nccl.Conne
 		return nil, fail("hello reply", err)
 	}
 	if r.Status != 0 || verbs.LinkLayer(r.LinkLayer) != ll {
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/IB : attempted to connect incompatible devices: local %v, remote %v link layer (%s); make NCCL_IB_HCA select the same link layer on every node",
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %v, remote %v link layer (%s); make NCCL_IB_HCA select the same link layer on every node",
 			ll, verbs.LinkLayer(r.LinkLayer), peer)
 	}
 	if r.NDevs < 1 || r.NDevs > maxVDevs {
@@ -505,6 +521,7 @@ func (t *Transport) dial(dev int, devs []*device, hi handleInfo, opts nccl.Conne
 	if err := writeMsg(conn, uint32(readyMagic)); err != nil {
 		return nil, fail("ready", err)
 	}
-	ok = true
+	sc.watch.attach(conn, t.log)
+	ok, kept = true, true
 	return sc, nil
 }

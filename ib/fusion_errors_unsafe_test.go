@@ -6,6 +6,7 @@ import (
 	"net"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -307,4 +308,87 @@ func TestIncompatibleLinkLayers(t *testing.T) {
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(cerr))
 	assert.ErrorContains(t, cerr, "incompatible devices")
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(aerr))
+}
+
+// A sender that dies after the receiver's clear-to-send reached it leaves
+// the receive with nothing in flight to fail: only the kept handshake
+// connection tells. The receive must fail, not hang.
+func TestReceiverNoticesSenderGone(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	rb := newBuf(t, rc, 64, 0)
+	r, err := rc.Irecv([]nccl.RecvBuffer{{Data: rb.ptr(), Size: 64, MH: rb.mh}})
+	require.NoError(t, err)
+	done, err := rc.Test(r, make([]int, 1))
+	require.NoError(t, err)
+	require.False(t, done)
+	require.NoError(t, sc.Close())
+	start := time.Now()
+	var terr error
+	within(t, "receive fails", func() (bool, error) {
+		var done bool
+		done, terr = rc.Test(r, make([]int, 1))
+		require.False(t, done, "a receive whose sender closed cannot complete")
+		return terr != nil, nil
+	})
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(terr), "%v", terr)
+	assert.GreaterOrEqual(t, time.Since(start), peerGrace, "completions get a grace period after the close")
+	assert.True(t, b.log.has("closed the connection"), b.log.String())
+}
+
+// The reverse: a send waiting for a clear-to-send from a receiver that
+// closed must fail instead of returning "retry later" forever.
+func TestSenderNoticesReceiverGone(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	sb := newBuf(t, sc, 64, 0)
+	require.NoError(t, rc.Close())
+	var serr error
+	within(t, "send fails", func() (bool, error) {
+		var r nccl.Request
+		r, serr = sc.Isend(sb.ptr(), 64, 0, sb.mh)
+		require.Equal(t, nccl.NoRequest, r)
+		return serr != nil, nil
+	})
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(serr), "%v", serr)
+	assert.True(t, a.log.has("waiting for the receiver's clear-to-send"), a.log.String())
+}
+
+// A sender may close as soon as its sends report done (the data has been
+// acknowledged): that is not a dead peer, and the receives must complete.
+func TestSenderClosingAfterLastSendIsNoFailure(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	const n, size = 16, 4096
+	rb := newBuf(t, rc, n*size, 0)
+	sb := newBuf(t, sc, n*size, 0)
+	for i := 0; i < n; i++ {
+		copy(sb.b[i*size:], pattern(size, byte(i)))
+	}
+	rreqs := make([]nccl.Request, n)
+	for i := range rreqs {
+		var err error
+		rreqs[i], err = rc.Irecv([]nccl.RecvBuffer{{Data: unsafe.Add(rb.ptr(), i*size), Size: size, MH: rb.mh}})
+		require.NoError(t, err)
+	}
+	for i := 0; i < n; i++ {
+		var r nccl.Request
+		within(t, "isend", func() (bool, error) {
+			var err error
+			r, err = sc.Isend(unsafe.Add(sb.ptr(), i*size), size, 0, sb.mh)
+			return r != nccl.NoRequest, err
+		})
+		within(t, "send done", func() (bool, error) { d, _, err := sc.Test(r); return d, err })
+	}
+	require.NoError(t, sc.Close())
+	time.Sleep(peerGrace + 100*time.Millisecond) // the close is old news by the first test
+	for i, r := range rreqs {
+		sizes := make([]int, 1)
+		within(t, "receive", func() (bool, error) { return rc.Test(r, sizes) })
+		assert.Equal(t, size, sizes[0])
+		assert.Equal(t, pattern(size, byte(i)), rb.b[i*size:(i+1)*size])
+	}
 }

@@ -60,7 +60,7 @@ func findOOBInterface(log nccl.Logger) (string, netip.Addr, error) {
 	case "AF_INET6":
 		fam = 6
 	default:
-		log.Warnf("NET/IB : ignoring NCCL_SOCKET_FAMILY=%s: expected AF_INET or AF_INET6", f)
+		log.Warnf("NET/GoIB : ignoring NCCL_SOCKET_FAMILY=%s: expected AF_INET or AF_INET6", f)
 	}
 	addrOf := func(it iface) (netip.Addr, bool) {
 		for _, a := range it.addrs {

@@ -158,10 +158,10 @@ func (h *mrHandle) covers(addr uint64, size int) bool {
 
 func (c *commCore) regMr(data unsafe.Pointer, size int, ptrType nccl.PtrType) (nccl.MemHandle, error) {
 	if data == nil || size < 0 {
-		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/IB : regMr(%p, %d): bad buffer", data, size)
+		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : regMr(%p, %d): bad buffer", data, size)
 	}
 	if ptrType != nccl.PtrHost && (ptrType != nccl.PtrCUDA || c.ptrSupport&nccl.PtrCUDA == 0) {
-		return 0, nccl.Errorf(nccl.InternalError, "NET/IB : regMr of memory type %d on %s, which supports %#x; GPU memory needs nvidia-peermem or dma-buf", ptrType, c.name, int(c.ptrSupport))
+		return 0, nccl.Errorf(nccl.InternalError, "NET/GoIB : regMr of memory type %d on %s, which supports %#x; GPU memory needs nvidia-peermem or dma-buf", ptrType, c.name, int(c.ptrSupport))
 	}
 	h := &mrHandle{n: len(c.devs), fd: -1}
 	for i, d := range c.devs {
@@ -169,7 +169,7 @@ func (c *commCore) regMr(data unsafe.Pointer, size int, ptrType nccl.PtrType) (n
 		if err != nil {
 			h.n = i
 			h.releaseAll()
-			return 0, nccl.Errorf(nccl.SystemError, "NET/IB : ibv_reg_mr(%p, %d bytes) on %s failed: %w; check the locked-memory limit (ulimit -l unlimited)", data, size, d, err)
+			return 0, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_reg_mr(%p, %d bytes) on %s failed: %w; check the locked-memory limit (ulimit -l unlimited)", data, size, d, err)
 		}
 		h.devs[i], h.entries[i] = d, e
 		h.lkeys[i], h.rkeys[i] = e.mr.LKey(), e.mr.RKey()
@@ -180,15 +180,15 @@ func (c *commCore) regMr(data unsafe.Pointer, size int, ptrType nccl.PtrType) (n
 
 func (c *commCore) regMrDMABuf(data unsafe.Pointer, size int, ptrType nccl.PtrType, offset uint64, fd int) (nccl.MemHandle, error) {
 	if c.ptrSupport&nccl.PtrDMABuf == 0 {
-		return 0, nccl.Errorf(nccl.InternalError, "NET/IB : %s does not support dma-buf registration; set NCCL_DMABUF_ENABLE=0", c.name)
+		return 0, nccl.Errorf(nccl.InternalError, "NET/GoIB : %s does not support dma-buf registration; set NCCL_DMABUF_ENABLE=0", c.name)
 	}
 	if size <= 0 || fd < 0 {
-		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/IB : regMrDmaBuf(size %d, fd %d): bad arguments", size, fd)
+		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : regMrDmaBuf(size %d, fd %d): bad arguments", size, fd)
 	}
 	// NCCL closes fd as soon as we return; keep our own for the MR's life.
 	dup, err := unix.Dup(fd)
 	if err != nil {
-		return 0, nccl.Errorf(nccl.SystemError, "NET/IB : dup of dma-buf fd %d: %v", fd, err)
+		return 0, nccl.Errorf(nccl.SystemError, "NET/GoIB : dup of dma-buf fd %d: %v", fd, err)
 	}
 	h := &mrHandle{fd: dup}
 	iova := uint64(uintptr(data))
@@ -196,7 +196,7 @@ func (c *commCore) regMrDMABuf(data unsafe.Pointer, size int, ptrType nccl.PtrTy
 		mr, err := d.hca.pd.RegDMABufMR(offset, size, iova, dup, d.mrAccess(c.t)&^verbs.AccessRelaxedOrdering)
 		if err != nil {
 			h.releaseAll()
-			return 0, nccl.Errorf(nccl.SystemError, "NET/IB : ibv_reg_dmabuf_mr(%d bytes) on %s failed: %w; set NCCL_DMABUF_ENABLE=0 to use peer memory instead", size, d, err)
+			return 0, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_reg_dmabuf_mr(%d bytes) on %s failed: %w; set NCCL_DMABUF_ENABLE=0 to use peer memory instead", size, d, err)
 		}
 		h.n = i + 1
 		h.devs[i], h.mrs[i] = d, mr
@@ -212,7 +212,7 @@ func (c *commCore) publish(h *mrHandle) (nccl.MemHandle, error) {
 	id, ok := handles.add(h)
 	if !ok {
 		h.releaseAll()
-		return 0, nccl.Errorf(nccl.InternalError, "NET/IB : too many live registrations")
+		return 0, nccl.Errorf(nccl.InternalError, "NET/GoIB : too many live registrations")
 	}
 	return nccl.MemHandle(id), nil
 }
@@ -223,10 +223,10 @@ func (c *commCore) deregMr(mh nccl.MemHandle) error {
 	}
 	h := handles.remove(uint64(mh))
 	if h == nil {
-		return nccl.Errorf(nccl.InternalError, "NET/IB : deregMr of unknown or already released handle %#x", uintptr(mh))
+		return nccl.Errorf(nccl.InternalError, "NET/GoIB : deregMr of unknown or already released handle %#x", uintptr(mh))
 	}
 	if err := h.releaseAll(); err != nil {
-		return nccl.Errorf(nccl.SystemError, "NET/IB : ibv_dereg_mr: %w", err)
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_dereg_mr: %w", err)
 	}
 	return nil
 }

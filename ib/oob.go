@@ -89,7 +89,8 @@ func readHandle(h *nccl.Handle) (handleInfo, error) {
 	le := binary.LittleEndian
 	hi := handleInfo{magic: le.Uint64(h[hOffMagic:]), secret: le.Uint64(h[hOffSecret:])}
 	if h[hOffVersion] != handleVersion {
-		return hi, fmt.Errorf("handle version %d is not %d: both ranks must load the same plugin build", h[hOffVersion], handleVersion)
+		return hi, fmt.Errorf("handle version %d is not %d: both ranks must load the same plugin build and use the same transport "+
+			"(a socket-transport handle cannot be used by ib: set the same NCCL_GO_TRANSPORT on every rank, or NCCL_IB_DISABLE=1 everywhere)", h[hOffVersion], handleVersion)
 	}
 	port := le.Uint16(h[hOffPort:])
 	switch h[hOffFamily] {

@@ -124,13 +124,13 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 	t.provider = p
 	t.feats = p.Features()
 	if !t.feats.DMABuf {
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s has no ibv_reg_dmabuf_mr (IBVERBS_1.12): dma-buf registration (NCCL_PTR_DMABUF) disabled", p.Name())
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s has no ibv_reg_dmabuf_mr (IBVERBS_1.12): dma-buf registration (NCCL_PTR_DMABUF) disabled", p.Name())
 	}
 	if !t.feats.RegIova2 {
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s has no ibv_reg_mr_iova2 (IBVERBS_1.8): PCI relaxed ordering disabled", p.Name())
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s has no ibv_reg_mr_iova2 (IBVERBS_1.8): PCI relaxed ordering disabled", p.Name())
 	}
 	if !t.feats.ECE {
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s has no ibv_query_ece/ibv_set_ece (IBVERBS_1.10): ECE negotiation disabled", p.Name())
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s has no ibv_query_ece/ibv_set_ece (IBVERBS_1.10): ECE negotiation disabled", p.Name())
 	}
 	name, addr, err := findOOBInterface(t.log)
 	if err != nil {
@@ -146,7 +146,7 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 	for _, d := range t.devs {
 		names = append(names, fmt.Sprintf("[%d]%s:%d/%s", d.index, d.name, d.port, d.attr.LinkLayer))
 	}
-	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : using %s ; OOB %s:%v (verbs provider %s)", strings.Join(names, " "), name, addr, p.Name())
+	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : using %s ; OOB %s:%v (verbs provider %s)", strings.Join(names, " "), name, addr, p.Name())
 	return nil
 }
 
@@ -169,12 +169,12 @@ func (t *Transport) discoverLocked() error {
 	}
 	peerMem, peerFile := t.fs.PeerMemory()
 	if peerMem {
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : GPU peer memory available (%s): NCCL_PTR_CUDA supported", peerFile)
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : GPU peer memory available (%s): NCCL_PTR_CUDA supported", peerFile)
 	}
 	for _, name := range names {
 		h, err := t.openHCA(name, filter, gcfg)
 		if err != nil {
-			t.log.Warnf("NET/IB : skipping %s: %v", name, err)
+			t.log.Warnf("NET/GoIB : skipping %s: %v", name, err)
 			continue
 		}
 		if h != nil {
@@ -230,36 +230,36 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca
 	for port := 1; port <= h.attr.PhysPortCnt; port++ {
 		pa, err := ctx.QueryPort(port)
 		if err != nil {
-			t.log.Warnf("NET/IB : %s port %d: ibv_query_port: %v", name, port, err)
+			t.log.Warnf("NET/GoIB : %s port %d: ibv_query_port: %v", name, port, err)
 			continue
 		}
 		if !filter.match(name, port) {
-			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s:%d excluded by NCCL_IB_HCA", name, port)
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d excluded by NCCL_IB_HCA", name, port)
 			continue
 		}
 		if pa.State != verbs.PortActive {
-			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s:%d is %v, not ACTIVE; skipped", name, port, pa.State)
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d is %v, not ACTIVE; skipped", name, port, pa.State)
 			continue
 		}
 		if pa.LinkLayer != verbs.LinkInfiniBand && pa.LinkLayer != verbs.LinkEthernet {
-			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s:%d has link layer %v; skipped", name, port, pa.LinkLayer)
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d has link layer %v; skipped", name, port, pa.LinkLayer)
 			continue
 		}
 		d := &device{hca: h, name: name, port: port, attr: pa, speed: portSpeed(pa)}
 		d.gidIndex, d.gid, err = selectGID(ctx, t.fs, port, pa, gcfg)
 		if err != nil {
-			t.log.Warnf("NET/IB : %s:%d skipped: %v", name, port, err)
+			t.log.Warnf("NET/GoIB : %s:%d skipped: %v", name, port, err)
 			continue
 		}
 		if p, err := t.fs.PCIPath(name); err == nil {
 			d.pciPath = mergePortPath(p)
 		} else {
-			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s: no PCI path in sysfs (%v); NCCL treats it as a virtual NIC", name, err)
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s: no PCI path in sysfs (%v); NCCL treats it as a virtual NIC", name, err)
 		}
 		if pa.LinkLayer == verbs.LinkEthernet {
 			d.netdev, _ = t.fs.NetDev(name, port, d.gidIndex)
 		}
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s:%d %v speed %d Mbps, MTU %d, GID index %d (%v)%s", name, port, pa.LinkLayer, d.speed, pa.ActiveMTU.Bytes(), d.gidIndex, d.gid, ifNonEmpty(" netdev ", d.netdev))
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d %v speed %d Mbps, MTU %d, GID index %d (%v)%s", name, port, pa.LinkLayer, d.speed, pa.ActiveMTU.Bytes(), d.gidIndex, d.gid, ifNonEmpty(" netdev ", d.netdev))
 		h.ports = append(h.ports, d)
 	}
 	if len(h.ports) == 0 {
@@ -304,7 +304,7 @@ func (t *Transport) probeDMABuf(h *hca) bool {
 	var en verbs.Errno
 	ok := errors.As(err, &en) && en == verbs.EBADF
 	if !ok {
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/IB : %s: dma-buf registration unsupported (%v)", h.name, err)
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s: dma-buf registration unsupported (%v)", h.name, err)
 	}
 	return ok
 }
@@ -340,10 +340,10 @@ func (t *Transport) members(dev int) ([]*device, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if !t.ready {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/IB : transport used before Init")
+		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : transport used before Init")
 	}
 	if dev < 0 || dev >= len(t.vdevs) {
-		return nil, nccl.Errorf(nccl.InvalidArgument, "NET/IB : device %d out of range [0,%d)", dev, len(t.vdevs))
+		return nil, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : device %d out of range [0,%d)", dev, len(t.vdevs))
 	}
 	out := make([]*device, len(t.vdevs[dev]))
 	for i, p := range t.vdevs[dev] {
@@ -405,41 +405,41 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 // the members (NCCL's makeVDevice).
 func (t *Transport) MakeVDevice(devs []int) (int, error) {
 	if len(devs) > 1 && !nccl.EnvBool(t.log, "NCCL_IB_MERGE_NICS", true) {
-		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/IB : NCCL_IB_MERGE_NICS=0 forbids fusing devices %v; unset it or set NCCL_NET_MERGE_LEVEL=LOC", devs)
+		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : NCCL_IB_MERGE_NICS=0 forbids fusing devices %v; unset it or set NCCL_NET_MERGE_LEVEL=LOC", devs)
 	}
 	if len(devs) < 1 || len(devs) > maxVDevs {
-		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/IB : cannot fuse %d devices (1 to %d)", len(devs), maxVDevs)
+		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : cannot fuse %d devices (1 to %d)", len(devs), maxVDevs)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.ready {
-		return -1, nccl.Errorf(nccl.InternalError, "NET/IB : makeVDevice before Init")
+		return -1, nccl.Errorf(nccl.InternalError, "NET/GoIB : makeVDevice before Init")
 	}
 	var members []int
 	seen := map[int]bool{}
 	for _, d := range devs {
 		if d < 0 || d >= len(t.vdevs) {
-			return -1, nccl.Errorf(nccl.InvalidArgument, "NET/IB : makeVDevice: device %d out of range [0,%d)", d, len(t.vdevs))
+			return -1, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : makeVDevice: device %d out of range [0,%d)", d, len(t.vdevs))
 		}
 		for _, m := range t.vdevs[d] {
 			if seen[m] {
-				return -1, nccl.Errorf(nccl.InvalidArgument, "NET/IB : makeVDevice: port %s listed twice in %v", t.devs[m], devs)
+				return -1, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : makeVDevice: port %s listed twice in %v", t.devs[m], devs)
 			}
 			seen[m] = true
 			members = append(members, m)
 		}
 	}
 	if len(members) > maxVDevs {
-		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/IB : fused device would have %d ports (max %d)", len(members), maxVDevs)
+		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : fused device would have %d ports (max %d)", len(members), maxVDevs)
 	}
 	ll := t.devs[members[0]].attr.LinkLayer
 	for _, m := range members[1:] {
 		if t.devs[m].attr.LinkLayer != ll {
-			return -1, nccl.Errorf(nccl.InvalidUsage, "NET/IB : cannot fuse %s (%v) with %s (%v): link layers differ", t.devs[members[0]], ll, t.devs[m], t.devs[m].attr.LinkLayer)
+			return -1, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : cannot fuse %s (%v) with %s (%v): link layers differ", t.devs[members[0]], ll, t.devs[m], t.devs[m].attr.LinkLayer)
 		}
 	}
 	if len(t.vdevs) >= 256+len(t.devs) {
-		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/IB : too many virtual devices")
+		return -1, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : too many virtual devices")
 	}
 	t.vdevs = append(t.vdevs, members)
 	return len(t.vdevs) - 1, nil
@@ -467,7 +467,7 @@ func (t *Transport) closeHCAsLocked() {
 			select {
 			case <-h.stopped:
 			case <-time.After(2 * time.Second):
-				t.log.Warnf("NET/IB : async event watcher of %s did not stop", h.name)
+				t.log.Warnf("NET/GoIB : async event watcher of %s did not stop", h.name)
 			}
 		}
 		for _, d := range h.ports {
@@ -475,11 +475,11 @@ func (t *Transport) closeHCAsLocked() {
 		}
 		if h.pd != nil {
 			if err := h.pd.Dealloc(); err != nil {
-				t.log.Warnf("NET/IB : %s: ibv_dealloc_pd: %v (a comm was not closed?)", h.name, err)
+				t.log.Warnf("NET/GoIB : %s: ibv_dealloc_pd: %v (a comm was not closed?)", h.name, err)
 			}
 		}
 		if err := h.ctx.Close(); err != nil {
-			t.log.Warnf("NET/IB : %s: ibv_close_device: %v", h.name, err)
+			t.log.Warnf("NET/GoIB : %s: ibv_close_device: %v", h.name, err)
 		}
 	}
 	t.hcas = nil
@@ -493,7 +493,7 @@ func (t *Transport) watchAsync(h *hca) {
 		ev, err := h.ctx.NextAsyncEvent(h.stop)
 		if err != nil {
 			if !errors.Is(err, verbs.ErrClosed) {
-				t.log.Warnf("NET/IB : %s: ibv_get_async_event: %v; no longer watching this device", h.name, err)
+				t.log.Warnf("NET/GoIB : %s: ibv_get_async_event: %v; no longer watching this device", h.name, err)
 			}
 			return
 		}
@@ -503,7 +503,7 @@ func (t *Transport) watchAsync(h *hca) {
 
 func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 	if !ev.Type.Fatal() {
-		t.log.Infof(nccl.SubsysNet, "NET/IB : %s: async event %v (port %d)", h.name, ev.Type, ev.Port)
+		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: async event %v (port %d)", h.name, ev.Type, ev.Port)
 		return
 	}
 	var owner *commCore
@@ -513,7 +513,7 @@ func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 			owner = v.(*commCore)
 		}
 		msg := fmt.Sprintf("%s: fatal async event %v on QP %#x", h.name, ev.Type, ev.QPNum)
-		t.log.Warnf("NET/IB : %s", msg)
+		t.log.Warnf("NET/GoIB : %s", msg)
 		if owner != nil {
 			owner.setFatal(msg)
 		}
@@ -522,13 +522,13 @@ func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 			owner = v.(*commCore)
 		}
 		msg := fmt.Sprintf("%s: fatal async event %v (completion queue overrun)", h.name, ev.Type)
-		t.log.Warnf("NET/IB : %s", msg)
+		t.log.Warnf("NET/GoIB : %s", msg)
 		if owner != nil {
 			owner.setFatal(msg)
 		}
 	default:
 		msg := fmt.Sprintf("%s: fatal async event %v; the device is unusable until it is reset", h.name, ev.Type)
-		t.log.Warnf("NET/IB : %s", msg)
+		t.log.Warnf("NET/GoIB : %s", msg)
 		for _, d := range h.ports {
 			d.fatalWhy.Store(&msg)
 			d.fatal.Add(1)

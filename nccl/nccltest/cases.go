@@ -33,6 +33,7 @@ var cases = []struct {
 	{"RegMr", testRegMr},
 	{"RegMrConcurrent", testRegMrConcurrent},
 	{"ConcurrentSetup", testConcurrentSetup},
+	{"SenderClosesFirst", testSenderClosesFirst},
 	{"CloseOutstanding", testCloseOutstanding},
 }
 
@@ -529,4 +530,31 @@ func testCloseOutstanding(h *H) {
 	}
 	p := h.connect()
 	h.pump(h.newFlow("after closing with requests outstanding", p, mixedGroups(8, 0)))
+}
+
+// testSenderClosesFirst closes the sending end as soon as every send reports
+// done, while the receiver is still reading: a completed send means the
+// buffer is free, and the messages must still arrive (NCCL tears down the
+// sending proxy independently of the receiving one).
+func testSenderClosesFirst(h *H) {
+	for round := 0; round < 3; round++ {
+		p := h.connect()
+		gs := mixedGroups(24, round)
+		for i := 0; i < 16; i++ {
+			gs = append(gs, single(8*i, 8*i))
+		}
+		f := h.newFlow(fmt.Sprintf("round %d", round), p, gs)
+		f.allRecvsFirst = true
+		for f.doneS < len(f.sends) {
+			f.step()
+			if h.expired() {
+				h.fatalf("sends did not complete before the deadline: %s", f.status())
+			}
+			runtime.Gosched()
+		}
+		p.sendClosed = true
+		h.closeBounded("SendComm.Close", p.Send.Close)
+		h.pump(f)
+		h.closePair(p)
+	}
 }

@@ -267,7 +267,8 @@ type flow struct {
 	// holdRecvs delays posting receives for that many steps, so sends are
 	// posted first (the peer's receive is late).
 	holdRecvs int
-	// allRecvsFirst posts every receive before the first send.
+	// allRecvsFirst posts every receive (as many as may be in flight)
+	// before the first send.
 	allRecvsFirst bool
 	// holdSendTests keeps the send side from being tested until every send is
 	// posted, so all of them are in flight at once.
@@ -371,7 +372,7 @@ func (f *flow) step() bool {
 		}
 	}
 	// Post sends (after all receives when asked).
-	if !f.allRecvsFirst || f.nextR == len(f.recvs) {
+	if !f.allRecvsFirst || f.nextR == len(f.recvs) || f.inflightR() == f.maxRecvs {
 		for f.nextS < len(f.sends) && f.inflightS() < f.maxSends {
 			before := f.nextS
 			f.postSend()

@@ -40,7 +40,7 @@ func TestFaultyTransport(t *testing.T) {
 		t.Skip("only runs re-executed by TestSuiteCatchesFaults")
 	}
 	f := faults[name]
-	Run(t, func() nccl.Transport { return f.mk() }, Options{MaxSize: 1 << 20, Timeout: 3 * time.Second, CloseTimeout: time.Second})
+	Run(t, func() nccl.Transport { return f.mk() }, Options{MaxSize: 1 << 20, Timeout: 10 * time.Second, CloseTimeout: 2 * time.Second})
 }
 
 // TestSuiteCatchesFaults checks that the suite can fail: each broken
@@ -54,6 +54,8 @@ func TestSuiteCatchesFaults(t *testing.T) {
 	require.NoError(t, err)
 	for name, f := range faults {
 		t.Run(name, func(t *testing.T) {
+			// Parallel: the hang cases wait out their whole deadline.
+			t.Parallel()
 			cmd := exec.Command(exe, "-test.run=^TestFaultyTransport$/^"+f.subtest+"$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), "NCCLTEST_FAULT="+name)
 			out, err := cmd.CombinedOutput()

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# The checks `make test-rdma` / `make bench-rdma` run INSIDE the Soft-RoCE guest
+# (started by scripts/rdma/run.sh, which sets RDMA_LANE_* and NCCL_IB_HCA /
+# NCCL_SOCKET_IFNAME). Run from the repository root.
+#
+#   lane.sh test    verbs smoke test (ibv_devices, ibv_devinfo, ibv_rc_pingpong pair,
+#                   short ib_write_bw), every build/rdma-tests/*.test binary, and the
+#                   C conformance harness over rxe0 with the ib transport forced
+#   lane.sh bench   harness `bench bw` next to ib_write_bw on the same rxe0, at each
+#                   of the harness's message sizes, with plugin/ib_write_bw ratios
+#
+# Host-side decisions arrive as environment (set by mk/rdma.mk, forwarded by run.sh):
+#   RDMA_LANE_IB       "absent" (no ./ib yet), "unlinked" (./ib exists but the default
+#                      plugin does not import it) or "linked"
+#   RDMA_LANE_HARNESS  "absent" when mk/harness.mk does not exist yet
+#   RDMA_LANE_STRICT=1 turns every SKIP into a failure
+# Exit status 0 only if no section failed.
+set -uo pipefail
+[ "${RDMA_LANE:-}" = 1 ] || { echo "lane.sh: run me inside the guest: scripts/rdma/run.sh -- scripts/rdma/lane.sh ${1:-test}" >&2; exit 2; }
+
+BUILD=${RDMA_LANE_BUILD:-build}
+PLUGIN=${RDMA_LANE_PLUGIN:-$BUILD/libnccl-net-go.so}
+HARNESS=${RDMA_LANE_HARNESS_BIN:-$BUILD/ncclnet-harness}
+DEV=$RDMA_LANE_DEV GID=$RDMA_LANE_GID_INDEX ADDR=$RDMA_LANE_ADDR
+work=$(mktemp -d /tmp/lane.XXXXXX)
+results=()
+failed=0
+
+section() { echo; echo "=== rdma-lane: $* ==="; }
+pass() { results+=("PASS  $1"); }
+fail() { results+=("FAIL  $1: $2"); failed=1; echo "rdma-lane: FAIL $1: $2"; }
+skip() {
+  if [ "${RDMA_LANE_STRICT:-0}" = 1 ]; then
+    fail "$1" "skipped under RDMA_LANE_STRICT=1: $2"
+  else
+    results+=("SKIP  $1: $2"); echo "rdma-lane: SKIP $1: $2"
+  fi
+}
+summary() {
+  echo; echo "=== rdma-lane summary ==="
+  printf '  %s\n' "${results[@]}"
+  rm -rf "$work"
+  exit $failed
+}
+
+# wait_listen PORT: a client started before its server listens fails at once, so
+# wait (bounded) until the TCP port shows up in LISTEN state.
+wait_listen() {
+  local hex i
+  hex=$(printf '%04X' "$1")
+  for ((i = 0; i < 300; i++)); do
+    grep -q ":$hex 00000000:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# pair NAME PORT LIMIT SERVER_CMD... -- CLIENT_CMD...: runs a server and a client that
+# talk over rxe0, both bounded by LIMIT seconds; output in $work/NAME.{srv,cli}.
+pair() {
+  local name=$1 port=$2 limit=$3; shift 3
+  local srv=() cli=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do srv+=("$1"); shift; done
+  shift
+  cli=("$@")
+  timeout -k 5 "$limit" "${srv[@]}" >"$work/$name.srv" 2>&1 &
+  local spid=$!
+  if ! wait_listen "$port"; then
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    echo "server never listened on port $port:"; cat "$work/$name.srv"
+    return 1
+  fi
+  timeout -k 5 "$limit" "${cli[@]}" >"$work/$name.cli" 2>&1
+  local crc=$?
+  wait "$spid"
+  local src=$?
+  sed 's/^/  [server] /' "$work/$name.srv"; sed 's/^/  [client] /' "$work/$name.cli"
+  [ $crc -eq 0 ] && [ $src -eq 0 ] || { echo "$name: server exit $src, client exit $crc"; return 1; }
+}
+
+verbs_smoke() {
+  section "verbs smoke test on $DEV (GID index $GID)"
+  local out
+  out=$(ibv_devices 2>&1); echo "$out"
+  grep -qw "$DEV" <<<"$out" || { fail verbs "ibv_devices does not list $DEV"; return; }
+  out=$(ibv_devinfo -v -d "$DEV" 2>&1)
+  grep -E 'hca_id|state:|active_mtu|link_layer|GID\[' <<<"$out"
+  grep -q PORT_ACTIVE <<<"$out" || { fail verbs "ibv_devinfo: $DEV port 1 is not PORT_ACTIVE"; return; }
+  grep -q 'link_layer:.*Ethernet' <<<"$out" || { fail verbs "ibv_devinfo: $DEV is not a RoCE (Ethernet) port"; return; }
+  # RC SEND/RECV ping-pong with -c: the receiver checks every buffer's contents.
+  pair rc_pingpong 18515 60 \
+    ibv_rc_pingpong -d "$DEV" -g "$GID" -p 18515 -n 500 -s 4096 -c -- \
+    ibv_rc_pingpong -d "$DEV" -g "$GID" -p 18515 -n 500 -s 4096 -c "$ADDR" ||
+    { fail verbs "ibv_rc_pingpong pair failed"; return; }
+  grep -q 'iters in' "$work/rc_pingpong.cli" || { fail verbs "ibv_rc_pingpong client reported no iterations"; return; }
+  # A short RDMA WRITE run proves the path bench-rdma measures.
+  pair write_bw 18516 60 \
+    ib_write_bw -d "$DEV" -x "$GID" -p 18516 -s 65536 -n 200 -F -- \
+    ib_write_bw -d "$DEV" -x "$GID" -p 18516 -s 65536 -n 200 -F "$ADDR" ||
+    { fail verbs "ib_write_bw pair failed"; return; }
+  pass "verbs (ibv_devices, ibv_devinfo, ibv_rc_pingpong -c, ib_write_bw over $DEV)"
+}
+
+go_tests() {
+  section "real-verbs Go tests (build/rdma-tests)"
+  local bins=() b name dir out rc skips
+  for b in "$BUILD"/rdma-tests/*.test; do [ -x "$b" ] && bins+=("$b"); done
+  if [ ${#bins[@]} -eq 0 ]; then
+    local why="no test binaries in $BUILD/rdma-tests"
+    [ -f "$BUILD/rdma-tests/STATUS" ] && why=$(cat "$BUILD/rdma-tests/STATUS")
+    skip go-tests "$why"
+    return
+  fi
+  for b in "${bins[@]}"; do
+    name=$(basename "$b" .test)
+    # go test runs a package's tests in its source directory (testdata/ lookups).
+    dir=$(cat "${b%.test}.dir" 2>/dev/null || pwd)
+    echo "--- $name (in $dir)"
+    out=$work/$name.out
+    (cd "$dir" && NCCL_GO_IB_FORCE_FLUSH=1 NCCL_IB_HCA=$DEV timeout -k 10 "${RDMA_LANE_TEST_TIMEOUT:-600}" \
+      "$OLDPWD/$b" -test.v -test.count=1 -test.timeout="${RDMA_LANE_TEST_TIMEOUT:-600}s") 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    skips=$(grep -c -- '--- SKIP' "$out")
+    if [ "$rc" -ne 0 ]; then
+      fail "go-tests/$name" "exit $rc; failing: $(grep -- '--- FAIL' "$out" | awk '{print $3}' | tr '\n' ' ')"
+    elif ! grep -qE -- '^(--- PASS|=== RUN|ok|PASS)' "$out"; then
+      fail "go-tests/$name" "the binary ran no tests"
+    else
+      pass "go-tests/$name ($(grep -c -- '--- PASS' "$out") tests and subtests passed, $skips skipped$( [ "$skips" -gt 0 ] && printf ': %s' "$(grep -- '--- SKIP' "$out" | awk '{print $3}' | tr '\n' ' ')"))"
+      [ "$skips" -gt 0 ] && grep -- '--- SKIP' "$out" | sed 's/^/    /'
+    fi
+  done
+}
+
+conformance() {
+  section "C conformance harness over $DEV (NCCL_GO_TRANSPORT=ib, NCCL_GO_IB_FORCE_FLUSH=1)"
+  case ${RDMA_LANE_IB:-linked} in
+    absent) skip conformance "there is no ./ib package yet, so the plugin has no ib transport to test over $DEV"; return ;;
+    unlinked) fail conformance "./ib exists but cmd/libnccl-net-go does not import it: $PLUGIN has no ib transport (NCCL would silently use socket)"; return ;;
+  esac
+  if [ "${RDMA_LANE_HARNESS:-}" = absent ]; then
+    skip conformance "the conformance harness does not exist yet (no mk/harness.mk)"; return
+  fi
+  [ -x "$HARNESS" ] || { fail conformance "$HARNESS is missing (make $HARNESS)"; return; }
+  [ -f "$PLUGIN" ] || { fail conformance "$PLUGIN is missing (make $PLUGIN)"; return; }
+  local out=$work/conformance.out rc
+  # --timeout: one check may take this long before it counts as hung; rxe under
+  # emulation is 10 to 50 times slower than hardware.
+  NCCL_GO_TRANSPORT=ib NCCL_GO_IB_FORCE_FLUSH=1 timeout -k 10 "${RDMA_LANE_CONFORMANCE_TIMEOUT:-600}" \
+    "$HARNESS" conformance --plugin "$PLUGIN" --timeout "${RDMA_LANE_CHECK_TIMEOUT:-90}" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  if grep -q 'names no transport of this plugin' "$out"; then
+    fail conformance "$PLUGIN has no transport named ib (NCCL_GO_TRANSPORT=ib refused)"
+  elif [ "$rc" -ne 0 ]; then
+    fail conformance "harness exit $rc: $(grep -E '[0-9]+ passed, [0-9]+ failed' "$out" | tail -n1)"
+  elif ! grep -qE '[0-9]+ passed, 0 failed' "$out"; then
+    fail conformance "no 'N passed, 0 failed' line in the harness output"
+  else
+    pass "conformance over $DEV with the ib transport ($(grep -E '[0-9]+ passed, 0 failed' "$out" | tail -n1))"
+  fi
+}
+
+# harness_rows FILE: "<bytes> <plugin GB/s>" for each row of the harness's bandwidth
+# table ("%10s %6d | %8.2f | ..." with sizes like "1 MiB"), after its "bandwidth:" line.
+harness_rows() {
+  awk '/^bandwidth:/ { on = 1; next }
+       on && $4 == "|" && $6 == "|" && $1 ~ /^[0-9]+$/ {
+         m = ($2 == "KiB") ? 1024 : ($2 == "MiB") ? 1048576 : ($2 == "GiB") ? 1073741824 : 1
+         print $1 * m, $5 }' "$1"
+}
+
+bench() {
+  section "harness bench bw over $DEV (NCCL_GO_TRANSPORT=ib)"
+  if [ "${RDMA_LANE_HARNESS:-}" = absent ] || [ ! -x "$HARNESS" ] || [ ! -f "$PLUGIN" ]; then
+    fail bench "harness or plugin not built ($HARNESS, $PLUGIN)"; summary
+  fi
+  if [ "${RDMA_LANE_IB:-linked}" != linked ]; then
+    fail bench "the default plugin has no ib transport to measure (RDMA_LANE_IB=${RDMA_LANE_IB})"; summary
+  fi
+  local out=$work/harness_bw.out rc limit=${RDMA_LANE_BENCH_TIMEOUT:-700}
+  # rxe under emulation takes seconds per 16 MiB message: the plugin's 5 s stall
+  # WARN would flood the table, so raise it unless the caller chose a value.
+  NCCL_GO_STALL_WARN=${NCCL_GO_STALL_WARN:-120} NCCL_GO_TRANSPORT=ib timeout -k 10 $((limit + 30)) "$HARNESS" bench --plugin "$PLUGIN" --timeout "$limit" bw 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { fail bench "harness bench bw exit $rc"; summary; }
+  harness_rows "$out" >"$work/harness.rows"
+  [ -s "$work/harness.rows" ] || { fail bench "no rows found in the harness's bandwidth table"; summary; }
+
+  section "ib_write_bw on $DEV at the same message sizes"
+  local size gbps n gbit ref port=18520
+  : >"$work/table"
+  while read -r size gbps; do
+    # About 128 MiB per size, as rxe under emulation moves tens of MB/s.
+    n=$(( (128 << 20) / size )); [ "$n" -lt 16 ] && n=16; [ "$n" -gt 5000 ] && n=5000
+    # --report_gbits: decimal Gbit/s (perftest's MB/sec is MiB/s); /8 gives GB/s.
+    if ! pair "write_bw_$size" $port 300 \
+      ib_write_bw -d "$DEV" -x "$GID" -p $port -s "$size" -n "$n" -F --report_gbits -- \
+      ib_write_bw -d "$DEV" -x "$GID" -p $port -s "$size" -n "$n" -F --report_gbits "$ADDR" >/dev/null; then
+      sed 's/^/  /' "$work/write_bw_$size.cli"
+      fail bench "ib_write_bw pair failed at $size bytes"; summary
+    fi
+    port=$((port + 1))
+    gbit=$(awk -v s="$size" '$1 == s && NF >= 4 { v = $4 } END { print v }' "$work/write_bw_$size.cli")
+    [ -n "$gbit" ] || { fail bench "no $size-byte line in ib_write_bw output"; summary; }
+    ref=$(awk -v g="$gbit" 'BEGIN { printf "%.4f", g / 8 }')
+    echo "$size $gbps $ref" >>"$work/table"
+    echo "ib_write_bw $size B x $n: $gbit Gbit/s = $ref GB/s"
+  done <"$work/harness.rows"
+
+  echo
+  awk 'BEGIN { printf "%12s | %14s | %16s | %s\n", "size (B)", "plugin GB/s", "ib_write_bw GB/s", "ratio" }
+       { r = ($3 > 0) ? $2 / $3 : 0; printf "%12d | %14.3f | %16.3f | %.2f\n", $1, $2, $3, r
+         if (r > 0) { lg += log(r); k++ } last = $1; lr = r }
+       END { printf "rdma-lane bench: plugin (ib transport) / ib_write_bw on %s: ratio %.2f at %d B, geometric mean %.2f over %d sizes\n",
+             ENVIRON["RDMA_LANE_DEV"], lr, last, (k ? exp(lg / k) : 0), k }' "$work/table"
+  pass "bench (ratios printed above)"
+}
+
+case ${1:-test} in
+  test) verbs_smoke; go_tests; conformance ;;
+  bench) bench ;;
+  verbs) verbs_smoke ;;
+  *) echo "lane.sh: unknown mode '$1' (test, bench, verbs)" >&2; exit 2 ;;
+esac
+summary

@@ -1,0 +1,189 @@
+package socket
+
+import (
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Settings. Every one is read through nccl.Env* when it is used (NCCL applies
+// nccl.conf with setenv after the library is loaded).
+const (
+	envIfname        = "NCCL_SOCKET_IFNAME"
+	envFamily        = "NCCL_SOCKET_FAMILY"
+	envMagic         = "NCCL_SOCKET_MAGIC"
+	envNThreads      = "NCCL_SOCKET_NTHREADS"
+	envNSocks        = "NCCL_NSOCKS_PERTHREAD"
+	envSndBuf        = "NCCL_SOCKET_SNDBUF"
+	envRcvBuf        = "NCCL_SOCKET_RCVBUF"
+	envRetryCnt      = "NCCL_SOCKET_RETRY_CNT"
+	envRetrySleep    = "NCCL_SOCKET_RETRY_SLEEP_MSEC"
+	envInline        = "NCCL_SOCKET_INLINE"
+	envMinChunk      = "NCCL_SOCKET_MIN_TASKSIZE"
+	envTimeout       = "NCCL_GO_TIMEOUT"
+	envHelloTimeout  = "NCCL_GO_SOCKET_HELLO_TIMEOUT"
+	envIdleInline    = "NCCL_GO_SOCKET_IDLE_INLINE"
+	defaultMagic     = 0x564ab9f2fc4b9d6c // NCCL's NCCL_SOCKET_MAGIC default
+	defaultRetryCnt  = 34
+	defaultRetrySlp  = 100 * time.Millisecond
+	defaultTimeout   = 300 * time.Second
+	defaultHelloWait = 10 * time.Second
+
+	// defaultNThreads × defaultNSocks streams on a host with at least
+	// minCPUsForStreams CPUs, chosen with the harness bw benchmark
+	// (docs/performance.md): on 16 cores 4 stream goroutines moved 1 MiB
+	// messages at 3.0-4.8× one stream driven by NCCL's thread; 8 only added
+	// context switches. On 2 cores the stream goroutines starve behind
+	// NCCL's spinning progress threads and the same setting moved 0.3-0.4×
+	// what the control stream alone did, so small hosts default to no data
+	// streams.
+	defaultNThreads   = 4
+	defaultNSocks     = 1
+	minCPUsForStreams = 8
+	maxStreams        = 64
+	// defaultInline: messages up to this size go inline on the control
+	// stream, handled on NCCL's thread. Above it, the hand-off to stream
+	// goroutines costs less than the single-stream copy.
+	defaultInline = 16 << 10
+	maxInline     = 1 << 20
+	// defaultIdleInline: up to this size a message also goes inline when
+	// the connection has nothing else in flight (NCCL's pipelines of one
+	// chunk at a time, ping-pongs). Chosen with the harness lat benchmark
+	// and real NCCL's broadcast (docs/socket.md).
+	defaultIdleInline = 256 << 10
+	// defaultMinChunk: a message is split in chunks of at least this many
+	// bytes (NCCL_SOCKET_MIN_TASKSIZE, NCCL's default 64 KiB).
+	defaultMinChunk = 64 << 10
+)
+
+// parseMagic reads NCCL_SOCKET_MAGIC: decimal or 0x-hex, as NCCL's own
+// parser; anything else is rejected with the reason.
+func parseMagic(v string) (uint64, error) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return defaultMagic, nil
+	}
+	var n uint64
+	var err error
+	if len(v) > 2 && (v[:2] == "0x" || v[:2] == "0X") {
+		n, err = strconv.ParseUint(v[2:], 16, 64)
+	} else {
+		n, err = strconv.ParseUint(v, 10, 64)
+	}
+	if err != nil {
+		return 0, nccl.Errorf(nccl.InvalidArgument, "%s=%q is not a decimal or 0x-hex 64-bit number", envMagic, v)
+	}
+	return n, nil
+}
+
+// magic is the configured magic; a malformed value is a WARN and the default.
+func magic(log nccl.Logger) uint64 {
+	v, ok := nccl.LookupEnv(envMagic)
+	if !ok {
+		return defaultMagic
+	}
+	m, err := parseMagic(v)
+	if err != nil {
+		log.Warnf("NET/GoSocket : %v; using the default %#x", err, uint64(defaultMagic))
+		return defaultMagic
+	}
+	return m
+}
+
+// streamCount is NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD, capped at 64.
+// NCCL's "auto" (-2, or unset) picks our measured default; 0 threads means no
+// data streams: every byte goes over the control stream on NCCL's thread.
+func streamCount(log nccl.Logger) int {
+	nt := nccl.EnvInt(log, envNThreads, -2)
+	ns := nccl.EnvInt(log, envNSocks, -2)
+	if nt == -2 {
+		nt = autoThreads(runtime.NumCPU())
+	}
+	if ns == -2 {
+		ns = defaultNSocks
+	}
+	if nt < 0 || ns < 0 {
+		def := autoThreads(runtime.NumCPU())
+		log.Warnf("NET/GoSocket : ignoring %s=%d / %s=%d: must be >= 0 (or -2 for auto); using %d × %d", envNThreads, nt, envNSocks, ns, def, defaultNSocks)
+		nt, ns = def, defaultNSocks
+	}
+	n := nt * ns
+	if n > maxStreams {
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : %s × %s = %d streams, capped at %d", envNThreads, envNSocks, n, maxStreams)
+		n = maxStreams
+	}
+	return int(n)
+}
+
+// autoThreads is NCCL_SOCKET_NTHREADS's "auto" for a host with ncpu CPUs
+// (runtime.NumCPU: the CPUs this process may run on).
+func autoThreads(ncpu int) int64 {
+	if ncpu < minCPUsForStreams {
+		return 0
+	}
+	return defaultNThreads
+}
+
+func inlineLimit(log nccl.Logger) int {
+	n := nccl.EnvInt(log, envInline, defaultInline)
+	if n < 0 || n > maxInline {
+		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [0, %d]; using %d", envInline, n, maxInline, defaultInline)
+		n = defaultInline
+	}
+	return int(n)
+}
+
+// idleInlineLimit is NCCL_GO_SOCKET_IDLE_INLINE; 0 turns the idle rule off.
+func idleInlineLimit(log nccl.Logger) int {
+	n := nccl.EnvInt(log, envIdleInline, defaultIdleInline)
+	if n < 0 || n > maxInline {
+		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [0, %d]; using %d", envIdleInline, n, maxInline, defaultIdleInline)
+		n = defaultIdleInline
+	}
+	return int(n)
+}
+
+func minChunk(log nccl.Logger) int {
+	n := nccl.EnvInt(log, envMinChunk, defaultMinChunk)
+	if n < 4096 || n > 1<<30 {
+		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [4096, 2^30]; using %d", envMinChunk, n, defaultMinChunk)
+		n = defaultMinChunk
+	}
+	return int(n)
+}
+
+// timeout is NCCL_GO_TIMEOUT (seconds): how long a started transfer may make
+// no progress. 0 or less disables the check.
+func timeout(log nccl.Logger) time.Duration {
+	return nccl.EnvDuration(log, envTimeout, defaultTimeout, time.Second)
+}
+
+func helloTimeout(log nccl.Logger) time.Duration {
+	d := nccl.EnvDuration(log, envHelloTimeout, defaultHelloWait, time.Second)
+	if d <= 0 {
+		d = defaultHelloWait
+	}
+	return d
+}
+
+// retry is NCCL's connect retry policy: on refused / unreachable / timed out,
+// try again up to cnt times, sleeping sleep × attempt (linear backoff).
+type retry struct {
+	cnt   int
+	sleep time.Duration
+}
+
+func retryPolicy(log nccl.Logger) retry {
+	r := retry{cnt: int(nccl.EnvInt(log, envRetryCnt, defaultRetryCnt)),
+		sleep: nccl.EnvDuration(log, envRetrySleep, defaultRetrySlp, time.Millisecond)}
+	if r.cnt < 0 {
+		r.cnt = 0
+	}
+	if r.sleep < 0 {
+		r.sleep = 0
+	}
+	return r
+}

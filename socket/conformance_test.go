@@ -1,0 +1,33 @@
+package socket
+
+import (
+	"testing"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl/nccltest"
+)
+
+// TestConformance runs the shared suite over loopback with the default
+// stream layout (which depends on the CPU count), with every byte on the
+// control stream (no data streams), with the big-host default of 4 streams,
+// and with many streams.
+func TestConformance(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		env     map[string]string
+		maxSize int
+	}{
+		{"default", nil, 64 << 20},
+		// The other layouts share all code above the wire; 16 MiB still
+		// covers every striping and inline boundary.
+		{"ctrl-only", map[string]string{envNThreads: "0"}, 16 << 20},
+		{"4streams", map[string]string{envNThreads: "4"}, 16 << 20},
+		{"8streams-inline0", map[string]string{envNThreads: "4", envNSocks: "2", envInline: "0", envIdleInline: "0"}, 16 << 20},
+		{"3streams-inline1MiB", map[string]string{envNThreads: "3", envInline: "1048576", envMinChunk: "4096"}, 16 << 20},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			withEnv(t, c.env)
+			nccltest.Run(t, func() nccl.Transport { return newLoopback() }, nccltest.Options{MaxSize: c.maxSize})
+		})
+	}
+}

@@ -1,0 +1,62 @@
+package socket
+
+import (
+	"bytes"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// fakeIfaces is an injected interface list.
+type fakeIfaces []Iface
+
+func (f fakeIfaces) Interfaces() ([]Iface, error) { return f, nil }
+
+// newLoopback is a transport whose only interface is lo (127.0.0.1), so
+// tests do not depend on the host's network set-up.
+func newLoopback() *Transport {
+	return &Transport{
+		ifaces:  fakeIfaces{{Name: "lo", Index: 1, Up: true, Running: true, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}},
+		sysRoot: "testdata/sys-none",
+	}
+}
+
+// withEnv installs a settings lookup for the test (restored at cleanup);
+// nothing else is set.
+func withEnv(t testing.TB, env map[string]string) {
+	t.Helper()
+	nccl.SetEnvLookup(func(k string) (string, bool) {
+		v, ok := env[k]
+		return v, ok
+	})
+	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+}
+
+// captureLog records everything logged, for checking WARN texts.
+type captureLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *captureLog) add(level, format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(&l.buf, "%s %s\n", level, fmt.Sprintf(format, args...))
+}
+
+func (l *captureLog) Warnf(format string, args ...any)                { l.add("WARN", format, args...) }
+func (l *captureLog) Infof(_ nccl.Subsys, format string, args ...any) { l.add("INFO", format, args...) }
+func (l *captureLog) Tracef(nccl.Subsys, string, ...any)              {}
+
+func (l *captureLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func netip_MustParseAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func itoa(i int) string { return fmt.Sprint(i) }

@@ -1,0 +1,328 @@
+package socket
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+type recvBuf struct {
+	p    unsafe.Pointer
+	size int
+	tag  int
+}
+
+type recvReq struct {
+	n       int
+	bufs    [maxRecvs]recvBuf
+	filled  [maxRecvs]bool
+	sizes   [maxRecvs]int
+	matched int
+	// ctrlBusy: the inline payload of a message matched to this request is
+	// still arriving on the control stream.
+	ctrlBusy bool
+	active   bool
+	err      error
+	left     atomic.Int32 // chunks the data streams have not delivered yet
+}
+
+// stageSize is the control stream's read buffer: headers and inline
+// payloads are read in bulk (many small messages per recv syscall) and copied
+// out; long payloads are read straight into the destination.
+const (
+	stageSize = 128 << 10
+	directMin = 4096
+)
+
+// recvComm is the receiving end. Like sendComm, all of it but the stream
+// goroutines runs on NCCL's progress thread without locks.
+type recvComm struct {
+	core
+
+	reqs  [nccl.MaxRequests]recvReq
+	free  [nccl.MaxRequests]int8
+	nfree int
+	// postq holds posted receives that still have unmatched buffers, oldest
+	// first: an incoming message always goes to postq's head.
+	postq           [nccl.MaxRequests]int8
+	postHead, postN int
+
+	stage  []byte
+	sr, sw int
+
+	// The message whose inline payload is being read.
+	cur     bool
+	curReq  *recvReq
+	curDst  unsafe.Pointer // nil: discard (truncated)
+	curOff  int
+	curLeft int
+	expect  uint32 // sequence number of the next header
+	polls   uint32
+	// ctrlEOF: the sender closed its end. Messages already on the wire are
+	// still delivered (the sender closes once its sends are handed to the
+	// kernel, not once they arrived); only a receive that needs more from
+	// the control stream fails.
+	ctrlEOF bool
+}
+
+func newRecvComm(ctrl *net.TCPConn, streams []*net.TCPConn, hi handleInfo, o sockOpts, log nccl.Logger) (*recvComm, error) {
+	r := &recvComm{stage: make([]byte, stageSize)}
+	if err := r.core.init(ctrl, streams, hi, o, log, false); err != nil {
+		closeAll(ctrl, streams)
+		return nil, err
+	}
+	for i := range r.free {
+		r.free[i] = int8(nccl.MaxRequests - 1 - i)
+	}
+	r.nfree = nccl.MaxRequests
+	return r, nil
+}
+
+// PeerAddr implements nccl.PeerAddresser.
+func (r *recvComm) PeerAddr() string { return r.peer }
+
+// Irecv implements nccl.RecvComm. It only records the buffers; data moves in
+// Test.
+func (r *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
+	if err := r.failed(); err != nil {
+		return nccl.NoRequest, err
+	}
+	n := len(bufs)
+	if n < 1 || n > maxRecvs {
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "irecv of %d buffers: the socket transport takes 1 to %d (its maxRecvs)", n, maxRecvs)
+	}
+	for i := range bufs {
+		if bufs[i].Size < 0 || bufs[i].Size > nccl.MaxNetSize {
+			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "irecv buffer %d of %d bytes", i, bufs[i].Size)
+		}
+	}
+	if r.nfree == 0 {
+		return nccl.NoRequest, nil
+	}
+	r.nfree--
+	id := r.free[r.nfree]
+	q := &r.reqs[id]
+	q.n, q.matched, q.ctrlBusy, q.err, q.active = n, 0, false, nil, true
+	for i := range bufs {
+		q.bufs[i] = recvBuf{p: bufs[i].Data, size: bufs[i].Size, tag: bufs[i].Tag}
+		q.filled[i] = false
+		q.sizes[i] = 0
+	}
+	r.postq[(r.postHead+r.postN)%nccl.MaxRequests] = id
+	r.postN++
+	return nccl.Request(id), nil
+}
+
+// fill reads what the control stream has into the staging buffer; false when
+// nothing came (or the connection failed).
+func (r *recvComm) fill() bool {
+	if r.sr == r.sw {
+		r.sr, r.sw = 0, 0
+	} else if r.sw == len(r.stage) {
+		r.sw = copy(r.stage, r.stage[r.sr:r.sw])
+		r.sr = 0
+	}
+	if r.sw == len(r.stage) || r.ctrlEOF {
+		return false
+	}
+	n, eof, err := recvInto(r.fd, unsafe.Pointer(&r.stage[r.sw]), len(r.stage)-r.sw)
+	if err != nil {
+		r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
+		return false
+	}
+	if eof {
+		r.ctrlEOF = true
+		return false
+	}
+	if n == 0 {
+		return false
+	}
+	r.sw += n
+	r.moved.Add(1)
+	return true
+}
+
+// progress moves everything the control stream has for posted receives.
+func (r *recvComm) progress() {
+	r.drain()
+	if r.ctrlEOF && (r.cur || (r.postN > 0 && r.sw-r.sr < hdrLen)) && r.err.Load() == nil {
+		r.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed) while receives were still posted", r.peer)
+	}
+}
+
+func (r *recvComm) drain() {
+	for r.err.Load() == nil {
+		if r.cur {
+			if avail := r.sw - r.sr; avail > 0 {
+				k := min(avail, r.curLeft)
+				if r.curDst != nil {
+					copy(nccl.HostBytes(unsafe.Add(r.curDst, r.curOff), k), r.stage[r.sr:r.sr+k])
+				}
+				r.sr += k
+				r.curOff += k
+				r.curLeft -= k
+			}
+			if r.curLeft == 0 {
+				r.cur = false
+				r.curReq.ctrlBusy = false
+				r.curReq = nil
+				continue
+			}
+			if r.curDst != nil && r.curLeft >= directMin {
+				n, eof, err := recvInto(r.fd, unsafe.Add(r.curDst, r.curOff), r.curLeft)
+				if err != nil {
+					r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
+					return
+				}
+				if eof {
+					r.ctrlEOF = true
+					return
+				}
+				if n == 0 {
+					return
+				}
+				r.curOff += n
+				r.curLeft -= n
+				r.moved.Add(1)
+				continue
+			}
+			if !r.fill() {
+				return
+			}
+			continue
+		}
+		if r.sw-r.sr < hdrLen {
+			if !r.fill() || r.sw-r.sr < hdrLen {
+				return
+			}
+		}
+		if r.postN == 0 {
+			return // the message waits for its receive
+		}
+		if !r.match() {
+			return
+		}
+	}
+}
+
+// match takes the header at the front of the staging buffer and gives its
+// message a buffer of the oldest posted receive: the first unfilled one with
+// the sender's tag.
+func (r *recvComm) match() bool {
+	h := r.stage[r.sr : r.sr+hdrLen]
+	size := int(binary.LittleEndian.Uint32(h[0:]))
+	ctrlLen := int(binary.LittleEndian.Uint32(h[4:]))
+	tag := int(int32(binary.LittleEndian.Uint32(h[8:])))
+	if binary.LittleEndian.Uint32(h[12:]) != hdrCheck^r.expect || ctrlLen > size || size > nccl.MaxNetSize ||
+		(ctrlLen < size && len(r.streams) == 0) {
+		r.fail(nccl.SystemError, "protocol error on the control stream from %s (message %d: header %x); the connection is unusable",
+			r.peer, r.expect, h)
+		return false
+	}
+	q := &r.reqs[r.postq[r.postHead]]
+	slot := -1
+	for i := 0; i < q.n; i++ {
+		if !q.filled[i] && q.bufs[i].tag == tag {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		tags := make([]int, q.n)
+		for i := range tags {
+			tags[i] = q.bufs[i].tag
+		}
+		r.fail(nccl.InvalidUsage, "a message from %s with tag %d matches no free buffer of the oldest posted receive (tags %v): "+
+			"the sender's tags and the receiver's disagree", r.peer, tag, tags)
+		return false
+	}
+	r.sr += hdrLen
+	r.expect++
+	r.touch()
+	q.filled[slot] = true
+	q.matched++
+	if q.matched == q.n {
+		r.postHead = (r.postHead + 1) % nccl.MaxRequests
+		r.postN--
+	}
+	dst := q.bufs[slot].p
+	if size > q.bufs[slot].size {
+		if q.err == nil {
+			e := nccl.Errorf(nccl.InvalidUsage, "message truncated: peer %s sent %d bytes, the posted receive holds %d; "+
+				"the ranks disagree on the message size (an application or NCCL bug); the excess is discarded",
+				r.peer, size, q.bufs[slot].size)
+			r.log.Warnf("NET/GoSocket : %v", e)
+			q.err = e
+		}
+		dst = nil
+	} else {
+		q.sizes[slot] = size
+	}
+	if ctrlLen > 0 {
+		r.cur, r.curReq, r.curDst, r.curOff, r.curLeft = true, q, dst, 0, ctrlLen
+		q.ctrlBusy = true
+	}
+	if size > ctrlLen {
+		if !r.stripe(dst, ctrlLen, size, &q.left) {
+			r.fail(nccl.InternalError, "socket transport: stream queue overflow (a bug)")
+			return false
+		}
+	}
+	return true
+}
+
+// Test implements nccl.RecvComm.
+func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
+	if req < 0 || int(req) >= nccl.MaxRequests || !r.reqs[req].active {
+		return false, nccl.Errorf(nccl.InternalError, "test of receive request %d that is not in flight", req)
+	}
+	q := &r.reqs[req]
+	// A receive that only waits for its data streams needs nothing from the
+	// control stream; it still reads it now and then so later messages get
+	// matched (and their chunks queued) while this one drains.
+	r.polls++
+	if q.matched < q.n || q.ctrlBusy || r.polls&7 == 0 {
+		r.progress()
+	}
+	if q.err != nil {
+		return false, q.err
+	}
+	if q.matched == q.n && !q.ctrlBusy && q.left.Load() == 0 {
+		copy(sizes, q.sizes[:q.n])
+		q.active = false
+		for i := 0; i < q.n; i++ {
+			q.bufs[i].p = nil
+		}
+		r.free[r.nfree] = int8(req)
+		r.nfree++
+		return true, nil
+	}
+	if err := r.failed(); err != nil {
+		return false, err
+	}
+	// Only a message already matched and still arriving can stall; a
+	// receive waiting for the peer to send is fine however long it waits.
+	if (q.ctrlBusy || q.left.Load() > 0) && r.tick() {
+		if err := r.stalled("a receive"); err != nil {
+			return false, err
+		}
+	}
+	return false, nil
+}
+
+// Iflush implements nccl.RecvComm: host memory needs no flush.
+func (r *recvComm) Iflush([]nccl.RecvBuffer) (nccl.Request, error) { return nccl.NoRequest, nil }
+
+// RegMr implements nccl.Comm.
+func (r *recvComm) RegMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.MemHandle, error) {
+	return r.regMr(data, size, t)
+}
+
+// DeregMr implements nccl.Comm.
+func (r *recvComm) DeregMr(nccl.MemHandle) error { return nil }
+
+// Close implements nccl.Comm.
+func (r *recvComm) Close() error { return r.close() }

@@ -1,0 +1,212 @@
+package socket
+
+import (
+	"encoding/binary"
+	"net"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// maxRecvs is the largest grouped receive (NCCL_NET_IB_MAX_RECVS too).
+const maxRecvs = 8
+
+// maxSends is NCCL's bound on sends in flight per comm.
+const maxSends = nccl.MaxRequests * maxRecvs
+
+type sendReq struct {
+	hdr     [hdrLen]byte
+	data    unsafe.Pointer
+	size    int
+	ctrlLen int
+	off     int // bytes of header + inline payload written
+	seq     uint32
+	striped bool
+	active  bool
+	left    atomic.Int32 // chunks not yet written by the streams
+}
+
+// sendComm is the sending end. Everything but the stream goroutines runs on
+// NCCL's progress thread; its state needs no lock.
+type sendComm struct {
+	core
+	inline int
+	// idleInline: a message up to this size also goes inline when nothing
+	// else is in flight on the connection (see Isend).
+	idleInline int
+
+	reqs  [maxSends]sendReq
+	free  [maxSends]int16
+	nfree int
+
+	// txq holds requests whose header (and inline payload) is not fully
+	// written yet, in message order.
+	txq          [maxSends]int16
+	txHead, txN  int
+	seq          uint32
+	iw           iovWriter
+	peekBuf      [64]byte
+	stripedAlive int // striped sends in flight
+}
+
+func newSendComm(ctrl *net.TCPConn, streams []*net.TCPConn, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
+	s := &sendComm{inline: inlineLimit(log)}
+	s.idleInline = max(s.inline, idleInlineLimit(log))
+	if err := s.core.init(ctrl, streams, hi, o, log, true); err != nil {
+		return nil, err
+	}
+	for i := range s.free {
+		s.free[i] = int16(maxSends - 1 - i)
+	}
+	s.nfree = maxSends
+	return s, nil
+}
+
+// PeerAddr implements nccl.PeerAddresser.
+func (s *sendComm) PeerAddr() string { return s.peer }
+
+// Isend implements nccl.SendComm. It queues the header (and small payloads)
+// on the control stream and tries to write it at once; large payloads go to
+// the data streams.
+func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandle) (nccl.Request, error) {
+	if err := s.failed(); err != nil {
+		return nccl.NoRequest, err
+	}
+	if size < 0 || size > nccl.MaxNetSize {
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "isend of %d bytes (at most %d)", size, nccl.MaxNetSize)
+	}
+	if s.nfree == 0 {
+		return nccl.NoRequest, nil
+	}
+	s.nfree--
+	id := s.free[s.nfree]
+	r := &s.reqs[id]
+	r.data, r.size, r.off, r.active = data, size, 0, true
+	r.seq = s.seq
+	s.seq++
+	// Striping pays when messages queue up; a lone message below
+	// idleInline is latency-bound, and handing it to the stream goroutines
+	// (a wake-up on each side) costs more than writing it from this thread.
+	idle := s.nfree == maxSends-1 // this is the only send in flight
+	r.striped = size > s.inline && len(s.streams) > 0 && (size > s.idleInline || !idle)
+	r.ctrlLen = size
+	if r.striped {
+		r.ctrlLen = 0
+	}
+	binary.LittleEndian.PutUint32(r.hdr[0:], uint32(size))
+	binary.LittleEndian.PutUint32(r.hdr[4:], uint32(r.ctrlLen))
+	binary.LittleEndian.PutUint32(r.hdr[8:], uint32(int32(tag)))
+	binary.LittleEndian.PutUint32(r.hdr[12:], hdrCheck^r.seq)
+	if r.striped {
+		s.stripedAlive++
+		if !s.stripe(data, 0, size, &r.left) {
+			return nccl.NoRequest, s.fail(nccl.InternalError, "socket transport: stream queue overflow (a bug)")
+		}
+	}
+	s.txq[(s.txHead+s.txN)%maxSends] = id
+	s.txN++
+	s.flushCtrl()
+	return nccl.Request(id), nil
+}
+
+// flushCtrl writes queued headers and inline payloads, several messages per
+// sendmsg, until the socket would block.
+func (s *sendComm) flushCtrl() {
+	for s.txN > 0 && s.err.Load() == nil {
+		s.iw.reset()
+		for i := 0; i < s.txN && s.iw.n+2 <= maxIov; i++ {
+			r := &s.reqs[s.txq[(s.txHead+i)%maxSends]]
+			if r.off < hdrLen {
+				s.iw.add(unsafe.Pointer(&r.hdr[r.off]), hdrLen-r.off)
+				s.iw.add(r.data, r.ctrlLen)
+			} else {
+				p := r.off - hdrLen
+				s.iw.add(unsafe.Add(r.data, p), r.ctrlLen-p)
+			}
+		}
+		n, err := s.iw.flush(s.fd)
+		if err != nil {
+			s.fail(nccl.SystemError, "sending to %s failed: %v", s.peer, err)
+			return
+		}
+		if n == 0 {
+			return
+		}
+		s.moved.Add(1)
+		for n > 0 {
+			r := &s.reqs[s.txq[s.txHead]]
+			k := min(n, hdrLen+r.ctrlLen-r.off)
+			r.off += k
+			n -= k
+			if r.off == hdrLen+r.ctrlLen {
+				s.txHead = (s.txHead + 1) % maxSends
+				s.txN--
+			}
+		}
+	}
+}
+
+// checkPeer reads the control stream, on which the receiver never writes:
+// end of file means it closed. The receiver must never write there: a
+// sender that closes with unread bytes in its socket makes the kernel reset
+// the connection, destroying messages the receiver has not read yet.
+func (s *sendComm) checkPeer() {
+	n, eof, err := recvInto(s.fd, unsafe.Pointer(&s.peekBuf[0]), len(s.peekBuf))
+	switch {
+	case err != nil:
+		s.fail(nccl.SystemError, "connection to %s failed: %v", s.peer, err)
+	case eof:
+		s.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed)", s.peer)
+	case n > 0:
+		s.fail(nccl.SystemError, "protocol error: %s wrote on the control stream", s.peer)
+	}
+}
+
+// Test implements nccl.SendComm.
+func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
+	if req < 0 || int(req) >= maxSends || !s.reqs[req].active {
+		return false, 0, nccl.Errorf(nccl.InternalError, "test of send request %d that is not in flight", req)
+	}
+	if s.txN > 0 {
+		s.flushCtrl()
+	}
+	r := &s.reqs[req]
+	if r.off == hdrLen+r.ctrlLen && r.left.Load() == 0 {
+		r.active = false
+		r.data = nil
+		if r.striped {
+			s.stripedAlive--
+		}
+		s.free[s.nfree] = int16(req)
+		s.nfree++
+		return true, r.size, nil
+	}
+	if err := s.failed(); err != nil {
+		return false, 0, err
+	}
+	// A large send blocked on its data streams learns of a closed receiver
+	// here (writes into full socket buffers would not). A peer that is gone
+	// without closing is caught by TCP_USER_TIMEOUT (= NCCL_GO_TIMEOUT): the
+	// streams' writes fail. A receiver that simply has not posted yet is
+	// not a failure, and from here the two look alike, so no clock runs on
+	// this side.
+	if r.striped && s.tick() {
+		s.checkPeer()
+		if err := s.failed(); err != nil {
+			return false, 0, err
+		}
+	}
+	return false, 0, nil
+}
+
+// RegMr implements nccl.Comm.
+func (s *sendComm) RegMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.MemHandle, error) {
+	return s.regMr(data, size, t)
+}
+
+// DeregMr implements nccl.Comm.
+func (s *sendComm) DeregMr(nccl.MemHandle) error { return nil }
+
+// Close implements nccl.Comm.
+func (s *sendComm) Close() error { return s.close() }

@@ -1,0 +1,225 @@
+package socket
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Transport is the TCP transport. The zero value is not usable; call New.
+type Transport struct {
+	// Test hooks, fixed before Init: where interfaces and sysfs come from.
+	ifaces  IfaceSource
+	sysRoot string
+
+	mu        sync.Mutex
+	log       nccl.Logger
+	ready     bool
+	devs      []device
+	ctx       context.Context
+	cancel    context.CancelFunc
+	pending   map[uint64]*connectOp
+	listeners map[*listener]struct{}
+	bg        sync.WaitGroup
+}
+
+// New returns an uninitialised socket transport, for nccl.Register.
+func New() nccl.Transport { return &Transport{ifaces: hostIfaces{}, sysRoot: "/sys"} }
+
+// Name implements nccl.Transport.
+func (t *Transport) Name() string { return "socket" }
+
+// Init implements nccl.Transport: it finds the interfaces NCCL's rules select.
+func (t *Transport) Init(ctx nccl.InitContext) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ready {
+		return nil
+	}
+	t.log = ctx.Log
+	if t.log == nil {
+		t.log = nccl.DiscardLogger{}
+	}
+	ifs, err := t.ifaces.Interfaces()
+	if err != nil {
+		return nccl.Errorf(nccl.SystemError, "NET/GoSocket : listing network interfaces: %w", err)
+	}
+	devs, how := findDevices(ifs, t.log)
+	if len(devs) == 0 {
+		if v, ok := nccl.LookupEnv(envIfname); ok && len(v) > 1 {
+			t.log.Warnf("NET/GoSocket : no interface matches %s=%s (or none is up and running with an address%s); "+
+				"set %s to an interface of this host (see `ip addr`)", envIfname, v, familyHint(t.log), envIfname)
+		} else {
+			t.log.Warnf("NET/GoSocket : no usable network interface found (none is up and running with an address%s); "+
+				"set %s to the interface to use", familyHint(t.log), envIfname)
+		}
+		return fmt.Errorf("%w: socket transport: no interface matches %s", nccl.ErrNoDevice, how)
+	}
+	sys := sysfs{root: t.sysRoot}
+	names := make([]string, len(devs))
+	for i := range devs {
+		d := &devs[i]
+		d.props = nccl.Properties{
+			Name:         d.name,
+			PCIPath:      sys.pciPath(d.name),
+			GUID:         uint64(i),
+			PtrSupport:   nccl.PtrHost,
+			Speed:        sys.speed(d.name),
+			MaxComms:     65536,
+			MaxRecvs:     maxRecvs,
+			MaxP2PBytes:  nccl.MaxNetSizeBytes,
+			MaxCollBytes: nccl.MaxCollSize,
+			RailID:       nccl.IDUndef,
+			PlaneID:      nccl.IDUndef,
+		}
+		names[i] = fmt.Sprintf("[%d]%s", i, d)
+	}
+	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : using %s (%s)", strings.Join(names, " "), how)
+	t.devs = devs
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.pending = map[uint64]*connectOp{}
+	t.listeners = map[*listener]struct{}{}
+	t.ready = true
+	return nil
+}
+
+func familyHint(log nccl.Logger) string {
+	switch family(log) {
+	case 4:
+		return " of family AF_INET (" + envFamily + ")"
+	case 6:
+		return " of family AF_INET6 (" + envFamily + ")"
+	}
+	return ""
+}
+
+// Devices implements nccl.Transport.
+func (t *Transport) Devices() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.devs)
+}
+
+func (t *Transport) device(dev int) (*device, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ready {
+		return nil, nccl.Errorf(nccl.InternalError, "socket transport used before Init")
+	}
+	if dev < 0 || dev >= len(t.devs) {
+		return nil, nccl.Errorf(nccl.InvalidArgument, "socket transport has no device %d (it has %d)", dev, len(t.devs))
+	}
+	return &t.devs[dev], nil
+}
+
+// Properties implements nccl.Transport.
+func (t *Transport) Properties(dev int) (nccl.Properties, error) {
+	d, err := t.device(dev)
+	if err != nil {
+		return nccl.Properties{}, err
+	}
+	return d.props, nil
+}
+
+// Listen implements nccl.Transport: it binds an ephemeral port on the device's
+// address and starts accepting in the background.
+func (t *Transport) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
+	d, err := t.device(dev)
+	if err != nil {
+		return nil, err
+	}
+	return t.listen(d, h)
+}
+
+// Connect implements nccl.Transport. The first call starts a background
+// connect (with NCCL's retry policy) and records its id in the caller's
+// handle copy; later calls with that copy report the outcome.
+func (t *Transport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (nccl.SendComm, error) {
+	d, err := t.device(dev)
+	if err != nil {
+		return nil, err
+	}
+	if id, ok := pendingConn(h); ok {
+		t.mu.Lock()
+		op := t.pending[id]
+		if op != nil && op.finished() {
+			delete(t.pending, id)
+		}
+		t.mu.Unlock()
+		if op == nil {
+			return nil, nccl.Errorf(nccl.InternalError, "connect retry with an unknown pending connection %#x (handle reused after it completed?)", id)
+		}
+		return op.result()
+	}
+	hi, err := decodeHandle(h, magic(t.log))
+	if err != nil {
+		t.log.Warnf("NET/GoSocket : connect: %v", err)
+		return nil, err
+	}
+	var idb [8]byte
+	if _, err := rand.Read(idb[:]); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "reading random bytes: %w", err)
+	}
+	op := &connectOp{t: t, dev: d, info: hi, id: binary.LittleEndian.Uint64(idb[:]) | 1, log: t.log}
+	t.mu.Lock()
+	if !t.ready {
+		t.mu.Unlock()
+		return nil, nccl.Errorf(nccl.InternalError, "socket transport finalized")
+	}
+	t.pending[op.id] = op
+	t.bg.Add(1)
+	t.mu.Unlock()
+	setPendingConn(h, op.id)
+	go func() {
+		defer t.bg.Done()
+		op.run(t.ctx)
+	}()
+	return nil, nil
+}
+
+// Finalize implements nccl.Transport: it stops pending connects and closes
+// listeners and connections nobody claimed.
+func (t *Transport) Finalize() error {
+	t.mu.Lock()
+	if !t.ready {
+		t.mu.Unlock()
+		return nil
+	}
+	t.ready = false
+	t.cancel()
+	ls := make([]*listener, 0, len(t.listeners))
+	for l := range t.listeners {
+		ls = append(ls, l)
+	}
+	t.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	t.bg.Wait()
+	t.mu.Lock()
+	for id, op := range t.pending {
+		if c, _ := op.result(); c != nil {
+			c.Close()
+		}
+		delete(t.pending, id)
+	}
+	t.devs = nil
+	t.mu.Unlock()
+	return nil
+}
+
+// dialAddr is where to connect: a link-local listener address is only
+// meaningful on our own device's link, so it takes our interface as zone.
+func dialAddr(hi handleInfo, d *device) string {
+	a := hi.addr.Addr()
+	if a.Is6() && (a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()) {
+		a = a.WithZone(d.name)
+	}
+	return net.JoinHostPort(a.String(), fmt.Sprint(hi.addr.Port()))
+}
