@@ -316,7 +316,7 @@ static int bench_rank(rank_t* r, void* arg) {
         char s1[32];
         fmt_size(s1, sizeof s1, sz);
         int count = (int)(BW_BYTES / sz) < 16 ? 16 : (int)(BW_BYTES / sz);
-        printf("%10s %6d | %8.2f | %8.2f %8.2f | %11.2f %11.2f\n", s1, count, pg, t1, t4, t1 > 0 ? pg / t1 : 0,
+        printf("%10s %6d | %8.3f | %8.3f %8.3f | %11.2f %11.2f\n", s1, count, pg, t1, t4, t1 > 0 ? pg / t1 : 0,
                t4 > 0 ? pg / t4 : 0);
       }
     }

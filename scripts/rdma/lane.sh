@@ -161,7 +161,7 @@ conformance() {
 }
 
 # harness_rows FILE: "<bytes> <plugin GB/s>" for each row of the harness's bandwidth
-# table ("%10s %6d | %8.2f | ..." with sizes like "1 MiB"), after its "bandwidth:" line.
+# table ("%10s %6d | %8.3f | ..." with sizes like "1 MiB"), after its "bandwidth:" line.
 harness_rows() {
   awk '/^bandwidth:/ { on = 1; next }
        on && $4 == "|" && $6 == "|" && $1 ~ /^[0-9]+$/ {
