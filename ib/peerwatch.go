@@ -53,8 +53,8 @@ func (w *peerWatch) attach(conn net.Conn, log nccl.Logger) {
 		return
 	}
 	_ = tc.SetDeadline(time.Time{})
-	if d := nccl.EnvDuration(log, "NCCL_GO_TIMEOUT", 300*time.Second, time.Second); d > 0 {
-		_ = tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: max(d/2, time.Second), Interval: max(d/10, time.Second), Count: 5})
+	if d := nccl.PeerTimeout(log); d > 0 {
+		_ = tc.SetKeepAliveConfig(nccl.KeepAlive(d))
 	}
 	rc, err := tc.SyscallConn()
 	if err != nil {

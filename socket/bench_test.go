@@ -26,22 +26,7 @@ func benchPair(b *testing.B, env map[string]string) (*Transport, *sendComm, *rec
 		b.Fatal(err)
 	}
 	defer l.Close()
-	ch := h
-	var s nccl.SendComm
-	var r nccl.RecvComm
-	for s == nil || r == nil {
-		if s == nil {
-			if s, err = tr.Connect(0, &ch, nccl.ConnectOptions{}); err != nil {
-				b.Fatal(err)
-			}
-		}
-		if r == nil {
-			if r, err = l.Accept(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		runtime.Gosched()
-	}
+	s, r := connectAccept(b, tr, l, h)
 	b.Cleanup(func() { s.Close(); r.Close() })
 	return tr, s.(*sendComm), r.(*recvComm)
 }
@@ -108,36 +93,28 @@ func BenchmarkPingPong(b *testing.B) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	fail := make(chan error, 2)
-	go func() { // side A: send, then wait for the reply
+	// side runs b.N rounds on one end: send first (A) or reply (B).
+	side := func(s *sendComm, r *recvComm, sendFirst bool) {
 		defer wg.Done()
 		src, dst := make([]byte, size), make([]byte, size)
 		bufs := []nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}}
 		for i := 0; i < b.N; i++ {
-			if err := sendOne(ab, src); err != nil {
-				fail <- err
-				return
+			var err error
+			if sendFirst {
+				if err = sendOne(s, src); err == nil {
+					err = recvOne(r, bufs)
+				}
+			} else if err = recvOne(r, bufs); err == nil {
+				err = sendOne(s, src)
 			}
-			if err := recvOne(baR, bufs); err != nil {
-				fail <- err
-				return
-			}
-		}
-	}()
-	go func() { // side B: wait, then reply
-		defer wg.Done()
-		src, dst := make([]byte, size), make([]byte, size)
-		bufs := []nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}}
-		for i := 0; i < b.N; i++ {
-			if err := recvOne(abR, bufs); err != nil {
-				fail <- err
-				return
-			}
-			if err := sendOne(ba, src); err != nil {
+			if err != nil {
 				fail <- err
 				return
 			}
 		}
-	}()
+	}
+	go side(ab, baR, true)
+	go side(ba, abR, false)
 	wg.Wait()
 	select {
 	case err := <-fail:
@@ -231,19 +208,22 @@ func bandwidth(b *testing.B, s *sendComm, r *recvComm, size int) {
 	const inflight = 8
 	src := make([]byte, size)
 	dst := make([]byte, size*inflight)
+	bufs := make([]nccl.RecvBuffer, 1)
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	wg.Add(2)
 	fail := make(chan error, 2)
-	go func() {
+	// window keeps up to inflight requests posted on one end and tests the
+	// oldest, as NCCL's proxy does, until b.N have completed.
+	window := func(post func(slot int) (nccl.Request, error), test func(nccl.Request) (bool, error)) {
 		defer wg.Done()
 		var q [inflight]nccl.Request
 		posted, done := 0, 0
 		for done < b.N {
 			for posted < b.N && posted-done < inflight {
-				rq, err := s.Isend(bufPtr(src), size, 1, 0)
+				rq, err := post(posted % inflight)
 				if err != nil {
 					fail <- err
 					return
@@ -254,7 +234,7 @@ func bandwidth(b *testing.B, s *sendComm, r *recvComm, size int) {
 				q[posted%inflight] = rq
 				posted++
 			}
-			ok, _, err := s.Test(q[done%inflight])
+			ok, err := test(q[done%inflight])
 			if err != nil {
 				fail <- err
 				return
@@ -265,38 +245,13 @@ func bandwidth(b *testing.B, s *sendComm, r *recvComm, size int) {
 				runtime.Gosched()
 			}
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		var q [inflight]nccl.Request
-		bufs := make([]nccl.RecvBuffer, 1)
-		posted, done := 0, 0
-		for done < b.N {
-			for posted < b.N && posted-done < inflight {
-				bufs[0] = nccl.RecvBuffer{Data: bufPtr(dst[(posted%inflight)*size:]), Size: size, Tag: 1}
-				rq, err := r.Irecv(bufs)
-				if err != nil {
-					fail <- err
-					return
-				}
-				if rq == nccl.NoRequest {
-					break
-				}
-				q[posted%inflight] = rq
-				posted++
-			}
-			ok, err := r.Test(q[done%inflight], nil)
-			if err != nil {
-				fail <- err
-				return
-			}
-			if ok {
-				done++
-			} else {
-				runtime.Gosched()
-			}
-		}
-	}()
+	}
+	go window(func(int) (nccl.Request, error) { return s.Isend(bufPtr(src), size, 1, 0) },
+		func(q nccl.Request) (bool, error) { ok, _, err := s.Test(q); return ok, err })
+	go window(func(slot int) (nccl.Request, error) {
+		bufs[0] = nccl.RecvBuffer{Data: bufPtr(dst[slot*size:]), Size: size, Tag: 1}
+		return r.Irecv(bufs)
+	}, func(q nccl.Request) (bool, error) { return r.Test(q, nil) })
 	wg.Wait()
 	select {
 	case err := <-fail:

@@ -23,13 +23,11 @@ const (
 	envRetrySleep    = "NCCL_SOCKET_RETRY_SLEEP_MSEC"
 	envInline        = "NCCL_SOCKET_INLINE"
 	envMinChunk      = "NCCL_SOCKET_MIN_TASKSIZE"
-	envTimeout       = "NCCL_GO_TIMEOUT"
 	envHelloTimeout  = "NCCL_GO_SOCKET_HELLO_TIMEOUT"
 	envIdleInline    = "NCCL_GO_SOCKET_IDLE_INLINE"
 	defaultMagic     = 0x564ab9f2fc4b9d6c // NCCL's NCCL_SOCKET_MAGIC default
 	defaultRetryCnt  = 34
 	defaultRetrySlp  = 100 * time.Millisecond
-	defaultTimeout   = 300 * time.Second
 	defaultHelloWait = 10 * time.Second
 
 	// defaultNThreads × defaultNSocks streams on a host with at least
@@ -127,39 +125,25 @@ func autoThreads(ncpu int) int64 {
 	return defaultNThreads
 }
 
-func inlineLimit(log nccl.Logger) int {
-	n := nccl.EnvInt(log, envInline, defaultInline)
-	if n < 0 || n > maxInline {
-		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [0, %d]; using %d", envInline, n, maxInline, defaultInline)
-		n = defaultInline
+// boundedInt reads an integer setting that must lie in [lo, hi]; a value
+// outside is a WARN and the default.
+func boundedInt(log nccl.Logger, name string, def, lo, hi int64) int {
+	n := nccl.EnvInt(log, name, def)
+	if n < lo || n > hi {
+		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [%d, %d]; using %d", name, n, lo, hi, def)
+		n = def
 	}
 	return int(n)
 }
+
+func inlineLimit(log nccl.Logger) int { return boundedInt(log, envInline, defaultInline, 0, maxInline) }
 
 // idleInlineLimit is NCCL_GO_SOCKET_IDLE_INLINE; 0 turns the idle rule off.
 func idleInlineLimit(log nccl.Logger) int {
-	n := nccl.EnvInt(log, envIdleInline, defaultIdleInline)
-	if n < 0 || n > maxInline {
-		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [0, %d]; using %d", envIdleInline, n, maxInline, defaultIdleInline)
-		n = defaultIdleInline
-	}
-	return int(n)
+	return boundedInt(log, envIdleInline, defaultIdleInline, 0, maxInline)
 }
 
-func minChunk(log nccl.Logger) int {
-	n := nccl.EnvInt(log, envMinChunk, defaultMinChunk)
-	if n < 4096 || n > 1<<30 {
-		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [4096, 2^30]; using %d", envMinChunk, n, defaultMinChunk)
-		n = defaultMinChunk
-	}
-	return int(n)
-}
-
-// timeout is NCCL_GO_TIMEOUT (seconds): how long a started transfer may make
-// no progress. 0 or less disables the check.
-func timeout(log nccl.Logger) time.Duration {
-	return nccl.EnvDuration(log, envTimeout, defaultTimeout, time.Second)
-}
+func minChunk(log nccl.Logger) int { return boundedInt(log, envMinChunk, defaultMinChunk, 4096, 1<<30) }
 
 func helloTimeout(log nccl.Logger) time.Duration {
 	d := nccl.EnvDuration(log, envHelloTimeout, defaultHelloWait, time.Second)

@@ -35,24 +35,21 @@ func pair(t *testing.T, tr *Transport) (*sendComm, *recvComm) {
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
 	defer l.Close()
-	ch := h
-	var s nccl.SendComm
-	var r nccl.RecvComm
-	deadline := time.Now().Add(10 * time.Second)
-	for s == nil || r == nil {
-		if s == nil {
-			s, err = tr.Connect(0, &ch, nccl.ConnectOptions{})
-			require.NoError(t, err)
-		}
-		if r == nil {
-			r, err = l.Accept()
-			require.NoError(t, err)
-		}
-		require.True(t, time.Now().Before(deadline), "connection set-up timed out")
-		runtime.Gosched()
-	}
+	s, r := connectAccept(t, tr, l, h)
 	t.Cleanup(func() { s.Close(); r.Close() })
 	return s.(*sendComm), r.(*recvComm)
+}
+
+// listenDecoded listens on tr's device 0 and decodes the handle, for tests
+// that play the connector by hand.
+func listenDecoded(t *testing.T, tr *Transport) (nccl.Listener, nccl.Handle, handleInfo) {
+	t.Helper()
+	var h nccl.Handle
+	l, err := tr.Listen(0, &h)
+	require.NoError(t, err)
+	hi, err := decodeHandle(&h, defaultMagic)
+	require.NoError(t, err)
+	return l, h, hi
 }
 
 func bufPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
@@ -131,12 +128,8 @@ func TestRogueConnectors(t *testing.T) {
 	withEnv(t, map[string]string{envHelloTimeout: "0.3"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	var h nccl.Handle
-	l, err := tr.Listen(0, &h)
-	require.NoError(t, err)
+	l, h, hi := listenDecoded(t, tr)
 	defer l.Close()
-	hi, err := decodeHandle(&h, defaultMagic)
-	require.NoError(t, err)
 	addr := hi.addr.String()
 
 	dial := func() net.Conn {
@@ -175,21 +168,7 @@ func TestRogueConnectors(t *testing.T) {
 	require.NoError(t, err)
 	require.Nil(t, r, "no rogue connection may be accepted")
 
-	ch := h
-	var s nccl.SendComm
-	deadline := time.Now().Add(10 * time.Second)
-	for s == nil || r == nil {
-		if s == nil {
-			s, err = tr.Connect(0, &ch, nccl.ConnectOptions{})
-			require.NoError(t, err)
-		}
-		if r == nil {
-			r, err = l.Accept()
-			require.NoError(t, err)
-		}
-		require.True(t, time.Now().Before(deadline))
-		runtime.Gosched()
-	}
+	s, r := connectAccept(t, tr, l, h)
 	defer s.Close()
 	defer r.Close()
 	out := log.String()
@@ -345,15 +324,11 @@ func TestTimeoutReceiveStalled(t *testing.T) {
 }
 
 func testTimeoutReceiveStalled(t *testing.T, nthreads string) {
-	withEnv(t, map[string]string{envTimeout: "0.3", envNThreads: nthreads})
+	withEnv(t, map[string]string{nccl.EnvTimeout: "0.3", envNThreads: nthreads})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	var h nccl.Handle
-	l, err := tr.Listen(0, &h)
-	require.NoError(t, err)
+	l, _, hi := listenDecoded(t, tr)
 	defer l.Close()
-	hi, err := decodeHandle(&h, defaultMagic)
-	require.NoError(t, err)
 	require.Equal(t, nthreads, fmt.Sprint(hi.streams))
 	conns := make([]net.Conn, hi.streams+1)
 	for i := range conns {
@@ -371,6 +346,7 @@ func testTimeoutReceiveStalled(t *testing.T, nthreads string) {
 		conns[i] = c
 	}
 	var rc nccl.RecvComm
+	var err error
 	for rc == nil {
 		rc, err = l.Accept()
 		require.NoError(t, err)
@@ -424,7 +400,7 @@ func testTimeoutReceiveStalled(t *testing.T, nthreads string) {
 // TCP_USER_TIMEOUT (the kernel aborts a connection whose window stayed
 // closed that long).
 func TestTimeoutSendStalled(t *testing.T) {
-	withEnv(t, map[string]string{envTimeout: "0.5"})
+	withEnv(t, map[string]string{nccl.EnvTimeout: "0.5"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
 	// A fake listener that completes the handshake and then never reads.
@@ -523,20 +499,7 @@ func TestCloseLeaksNothing(t *testing.T) {
 		var h nccl.Handle
 		l, err := tr.Listen(0, &h)
 		require.NoError(t, err)
-		ch := h
-		var s nccl.SendComm
-		var r nccl.RecvComm
-		for s == nil || r == nil {
-			if s == nil {
-				s, err = tr.Connect(0, &ch, nccl.ConnectOptions{})
-				require.NoError(t, err)
-			}
-			if r == nil {
-				r, err = l.Accept()
-				require.NoError(t, err)
-			}
-			runtime.Gosched()
-		}
+		s, r := connectAccept(t, tr, l, h)
 		require.NoError(t, l.Close())
 		big := make([]byte, 64<<20)
 		small := make([]byte, 64)

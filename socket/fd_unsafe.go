@@ -40,8 +40,6 @@ type iovWriter struct {
 
 func (w *iovWriter) reset() { w.n = 0 }
 
-func (w *iovWriter) full() bool { return w.n == maxIov }
-
 func (w *iovWriter) add(p unsafe.Pointer, n int) {
 	if n == 0 {
 		return
@@ -62,23 +60,6 @@ func (w *iovWriter) flush(fd int) (int, error) {
 	w.msg.SetIovlen(w.n)
 	for {
 		r, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&w.msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		switch e {
-		case 0:
-			return int(r), nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return 0, nil
-		}
-		return 0, e
-	}
-}
-
-// sendBytes writes b without blocking; EAGAIN is 0, nil.
-func sendBytes(fd int, b []byte) (int, error) {
-	for {
-		r, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
-			unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 		switch e {
 		case 0:
 			return int(r), nil

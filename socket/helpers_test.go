@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -22,6 +24,33 @@ func newLoopback() *Transport {
 		ifaces:  fakeIfaces{{Name: "lo", Index: 1, Up: true, Running: true, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}},
 		sysRoot: "testdata/sys-none",
 	}
+}
+
+// connectAccept drives Connect (on a copy of h, as NCCL keeps its own) and
+// l.Accept alternately until both return a comm, failing tb after 10 s.
+func connectAccept(tb testing.TB, tr *Transport, l nccl.Listener, h nccl.Handle) (nccl.SendComm, nccl.RecvComm) {
+	tb.Helper()
+	var s nccl.SendComm
+	var r nccl.RecvComm
+	var err error
+	deadline := time.Now().Add(10 * time.Second)
+	for s == nil || r == nil {
+		if s == nil {
+			if s, err = tr.Connect(0, &h, nccl.ConnectOptions{}); err != nil {
+				tb.Fatalf("Connect: %v", err)
+			}
+		}
+		if r == nil {
+			if r, err = l.Accept(); err != nil {
+				tb.Fatalf("Accept: %v", err)
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("connection set-up timed out")
+		}
+		runtime.Gosched()
+	}
+	return s, r
 }
 
 // withEnv installs a settings lookup for the test (restored at cleanup);

@@ -42,12 +42,11 @@ type sendComm struct {
 
 	// txq holds requests whose header (and inline payload) is not fully
 	// written yet, in message order.
-	txq          [maxSends]int16
-	txHead, txN  int
-	seq          uint32
-	iw           iovWriter
-	peekBuf      [64]byte
-	stripedAlive int // striped sends in flight
+	txq         [maxSends]int16
+	txHead, txN int
+	seq         uint32
+	iw          iovWriter
+	peekBuf     [64]byte
 }
 
 func newSendComm(ctrl *net.TCPConn, streams []*net.TCPConn, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
@@ -99,7 +98,6 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	binary.LittleEndian.PutUint32(r.hdr[8:], uint32(int32(tag)))
 	binary.LittleEndian.PutUint32(r.hdr[12:], hdrCheck^r.seq)
 	if r.striped {
-		s.stripedAlive++
 		if !s.stripe(data, 0, size, &r.left) {
 			return nccl.NoRequest, s.fail(nccl.InternalError, "socket transport: stream queue overflow (a bug)")
 		}
@@ -175,9 +173,6 @@ func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
 	if r.off == hdrLen+r.ctrlLen && r.left.Load() == 0 {
 		r.active = false
 		r.data = nil
-		if r.striped {
-			s.stripedAlive--
-		}
 		s.free[s.nfree] = int16(req)
 		s.nfree++
 		return true, r.size, nil

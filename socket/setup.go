@@ -27,7 +27,7 @@ func readSockOpts(log nccl.Logger) sockOpts {
 	return sockOpts{
 		sndBuf:  int(nccl.EnvInt(log, envSndBuf, -1)),
 		rcvBuf:  int(nccl.EnvInt(log, envRcvBuf, -1)),
-		timeout: timeout(log),
+		timeout: nccl.PeerTimeout(log),
 	}
 }
 
@@ -59,9 +59,7 @@ func (o sockOpts) apply(c *net.TCPConn) error {
 	if o.timeout <= 0 {
 		return nil
 	}
-	idle := max(o.timeout/2, time.Second)
-	intvl := max(o.timeout/10, time.Second)
-	if err := c.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: idle, Interval: intvl, Count: 5}); err != nil {
+	if err := c.SetKeepAliveConfig(nccl.KeepAlive(o.timeout)); err != nil {
 		return err
 	}
 	rc, err := c.SyscallConn()

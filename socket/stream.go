@@ -112,7 +112,7 @@ func (c *core) stalled(what string) error {
 		return nil
 	}
 	c.fail(nccl.SystemError, "%s with %s made no progress for %v (%s): the peer is stuck or the network dropped the connection",
-		what, c.peer, time.Duration(c.timeout), envTimeout)
+		what, c.peer, time.Duration(c.timeout), nccl.EnvTimeout)
 	return c.failed()
 }
 
