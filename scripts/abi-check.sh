@@ -10,7 +10,7 @@ if [ "$have" != "$want" ]; then
   exit 1
 fi
 for s in "$@"; do
-  nm -D --defined-only "$lib" | grep -q " [DdBb] $s\$" || { echo "abi-check: $s is not a data symbol in $lib"; exit 1; }
+  nm -D --defined-only "$lib" | grep " [DdBb] $s\$" >/dev/null || { echo "abi-check: $s is not a data symbol in $lib"; exit 1; }
 done
-readelf -d "$lib" | grep -q 'NODELETE' || { echo "abi-check: $lib is not linked -z nodelete"; exit 1; }
+readelf -d "$lib" | grep 'NODELETE' >/dev/null || { echo "abi-check: $lib is not linked -z nodelete"; exit 1; }
 echo "abi-check: $lib exports exactly: $*; NODELETE set"

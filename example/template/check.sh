@@ -28,5 +28,5 @@ go test ./...
 "$repo/scripts/build-plugin.sh" --name MyFabric --out build/libnccl-net-myfabric.so ./cmd/libnccl-net-myfabric
 # Step 5: check that it loads.
 "$loadcheck" build/libnccl-net-myfabric.so
-nm -D --defined-only build/libnccl-net-myfabric.so | grep -q ' ncclNetPlugin_v12$'
+nm -D --defined-only build/libnccl-net-myfabric.so | grep ' ncclNetPlugin_v12$' >/dev/null
 echo "template-check: the template builds into a loadable plugin following docs/extending.md"

@@ -10,7 +10,7 @@ if [ ! -d ib ] || [ -z "$(find ib -name '*.go' -print -quit)" ]; then
   echo absent; exit 0
 fi
 mod=$($GO list -m)
-if $GO list -deps ./cmd/libnccl-net-go 2>/dev/null | grep -qE "^$mod/ib(/|$)"; then
+if $GO list -deps ./cmd/libnccl-net-go 2>/dev/null | grep -E "^$mod/ib(/|$)" >/dev/null; then
   echo linked
 else
   echo unlinked

@@ -59,7 +59,7 @@ done
 # depends on: whatever Debian ships today, never a hard-coded ABI number.
 kernel_pkg_from_apt() {
   apt-cache show --no-all-versions linux-image-amd64 2>/dev/null |
-    sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,|]*-amd64\).*/\1/p' | head -n1
+    sed -n 's/^Depends:.*\(linux-image-[0-9][^ ,|]*-amd64\).*/\1/p' | sed -n 1p
 }
 pkg=${RDMA_LANE_KERNEL_PKG:-}
 if [ -z "$pkg" ]; then
@@ -194,7 +194,7 @@ put_elf() {
   while read -r lib; do
     put_file "$lib"
   done < <(ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
-  if ldd "$f" 2>/dev/null | grep -q 'not found'; then
+  if ldd "$f" 2>/dev/null | grep 'not found' >/dev/null; then
     die "$f needs libraries that are not installed: $(ldd "$f" | grep 'not found' | tr -s ' \t' ' ')"
   fi
 }
@@ -215,12 +215,12 @@ for pkgname in ibverbs-utils rdmacm-utils perftest; do
 done
 # The plugin dlopens libibverbs.so.1, so ldd of the test binaries will not list it.
 for lib in libibverbs.so.1 librdmacm.so.1 libnl-3.so.200 libnl-route-3.so.200; do
-  p=$(/sbin/ldconfig -p | awk -v l="$lib" '$1==l && /x86-64/{print $NF; exit}')
+  p=$(/sbin/ldconfig -p | awk -v l="$lib" '$1==l && /x86-64/ && p == "" {p = $NF} END {print p}')
   [ -n "$p" ] || die "host library $lib not found (package list: ${packages[*]})"
   put_elf "$p"
 done
 # Only the rxe provider: libibverbs warns for every listed driver it cannot load.
-prov=$(ls /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so 2>/dev/null | head -n1)
+prov=$(compgen -G '/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so' | sed -n 1p || true)
 [ -n "$prov" ] || die "rxe provider library missing (package ibverbs-providers)"
 put_elf "$prov"
 # Without this file libibverbs silently reports zero devices.
