@@ -88,16 +88,35 @@ start() {
   GROUPS_STARTED+=("$STARTED_PID")
 }
 
-# port_free P: nothing accepts connections on 127.0.0.1:P.
-port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# alive PID: PID runs. kill -0 is not enough: a child that exited but that this
+# shell has not reaped yet is a zombie, and kill -0 still succeeds on it.
+alive() {
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [ "${st%% *}" != Z ]
+}
 
-# free_ports N: a base port such that base..base+N-1 are free.
+# Ports inside the kernel's ephemeral range can be taken at any moment by an
+# outgoing connection (bound, never listening, invisible to a connect probe),
+# so candidates come from below that range, or above it if it starts low.
+read -r EPH_LO EPH_HI </proc/sys/net/ipv4/ip_local_port_range
+TCP_TABLES=()
+for f in /proc/net/tcp /proc/net/tcp6; do [ -r "$f" ] && TCP_TABLES+=("$f"); done
+# port_used P: some TCP socket, in any state, has local port P.
+port_used() {
+  awk -v p="$(printf ':%04X' "$1")" 'FNR > 1 && substr($2, length($2) - 4) == p { f = 1 } END { exit !f }' \
+    "${TCP_TABLES[@]}"
+}
+
+# free_ports N: a base port such that base..base+N-1 are unused.
 free_ports() {
-  local n=$1 base i ok
+  local n=$1 lo hi base i ok
+  if [ "$EPH_LO" -gt 12000 ]; then lo=10000 hi=$((EPH_LO - n)); else lo=$((EPH_HI + 1)) hi=$((65535 - n)); fi
   for _ in $(seq 100); do
-    base=$((20000 + RANDOM % 40000))
+    base=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo)))
     ok=1
-    for ((i = 0; i < n; i++)); do port_free $((base + i)) || { ok=0; break; }; done
+    for ((i = 0; i < n; i++)); do ! port_used $((base + i)) || { ok=0; break; }; done
     [ "$ok" = 1 ] && { echo "$base"; return 0; }
   done
   return 1
@@ -124,11 +143,7 @@ unset NCCL_GO_METRICS_LOCAL_RANK LOCAL_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_LOC
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
 ########## 1. HTTP endpoint scraped by Prometheus ##########
-PROM_PORT=$(free_ports 1) || fail "no free port for Prometheus"
-METRICS_BASE=$(free_ports 2) || fail "no two free consecutive ports for the plugin"
-if [ "$METRICS_BASE" = "$PROM_PORT" ] || [ "$((METRICS_BASE + 1))" = "$PROM_PORT" ]; then
-  fail "port collision between Prometheus and the plugin, rerun"
-fi
+METRICS_BASE=$(free_ports 2) || fail "no two unused consecutive ports for the plugin"
 cat >"$TMP/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
@@ -139,12 +154,26 @@ scrape_configs:
       - targets: ['127.0.0.1:$METRICS_BASE', '127.0.0.1:$((METRICS_BASE + 1))']
 EOF
 promtool check config "$TMP/prometheus.yml" >/dev/null || fail "promtool rejects the generated config"
-start prometheus prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/data" \
-  --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn
-PROM_PID=$STARTED_PID
-PROM="http://127.0.0.1:$PROM_PORT"
-prom_ready() { kill -0 "$PROM_PID" 2>/dev/null && curl -fsS --max-time 2 "$PROM/-/ready" >/dev/null 2>&1; }
-wait_until 60 prom_ready || fail "Prometheus did not become ready on port $PROM_PORT within 60 s"
+# A port found unused can still be taken before Prometheus binds it; then it exits
+# at once and is started again on another port.
+prom_ready() { alive "$PROM_PID" && curl -fsS --max-time 2 "$PROM/-/ready" >/dev/null 2>&1; }
+prom_ready_or_gone() { prom_ready || ! alive "$PROM_PID"; }
+for attempt in 1 2 3; do
+  PROM_PORT=$(free_ports 1) || fail "no unused port for Prometheus"
+  if [ "$PROM_PORT" = "$METRICS_BASE" ] || [ "$PROM_PORT" = "$((METRICS_BASE + 1))" ]; then continue; fi
+  start prometheus prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/data" \
+    --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn
+  PROM_PID=$STARTED_PID
+  PROM="http://127.0.0.1:$PROM_PORT"
+  wait_until 60 prom_ready_or_gone || fail "Prometheus did not become ready on port $PROM_PORT within 60 s"
+  prom_ready && break
+  grep 'address already in use' "$TMP/prometheus.log" >/dev/null ||
+    fail "Prometheus exited during start-up on port $PROM_PORT"
+  log "port $PROM_PORT was taken before Prometheus bound it (attempt $attempt of 3)"
+  mv "$TMP/prometheus.log" "$TMP/prometheus-attempt$attempt.log"
+  PROM_PID=
+done
+[ -n "${PROM_PID:-}" ] && prom_ready || fail "Prometheus could not bind an unused port in 3 attempts"
 # query PROMQL: prints "instance direction value" per result.
 query() {
   curl -fsS --max-time 5 --get --data-urlencode "query=$1" "$PROM/api/v1/query" |
@@ -163,7 +192,7 @@ NCCL_GO_METRICS_PORT=$METRICS_BASE start harness-http timeout "$HARNESS_TIMEOUT"
 H_PID=$STARTED_PID
 log "harness: ${harness_args[*]} (expecting $EXPECT bytes each way)"
 
-harness_running() { kill -0 "$H_PID" 2>/dev/null; }
+harness_running() { alive "$H_PID"; }
 endpoints_up() {
   curl -fsS --max-time 2 -o "$TMP/rank0.prom" "http://127.0.0.1:$METRICS_BASE/metrics" 2>/dev/null &&
     curl -fsS --max-time 2 -o "$TMP/rank1.prom" "http://127.0.0.1:$((METRICS_BASE + 1))/metrics" 2>/dev/null
@@ -171,7 +200,10 @@ endpoints_up() {
 up_or_gone() { endpoints_up || ! harness_running; }
 wait_until 60 up_or_gone || fail "the plugin's endpoints did not come up within 60 s"
 if ! endpoints_up; then
-  if grep -q "cannot listen" "$TMP/harness-http.log"; then
+  if grep 'cannot listen.*address already in use' "$TMP/harness-http.log" >/dev/null; then
+    if port_used "$METRICS_BASE" || port_used $((METRICS_BASE + 1)); then
+      fail "another program took port $METRICS_BASE or $((METRICS_BASE + 1)) before the plugin bound it; rerun"
+    fi
     fail "both harness processes used the same metrics port: the harness must set LOCAL_RANK=0 in the receiver child and LOCAL_RANK=1 in the sender child"
   fi
   fail "the harness exited before both metrics endpoints were served"
