@@ -535,3 +535,25 @@ func TestCloseLeaksNothing(t *testing.T) {
 	assert.LessOrEqual(t, openFDs(t), fd0, "descriptors leaked")
 	runtime.KeepAlive(keep)
 }
+
+// TestListenerCloseRightAfterAccept: NCCL closes the listener as soon as
+// Accept returned a comm. A hello goroutine that had just handed its
+// connection over must not still be filed as greeting, or the listener's Close
+// closes the new comm's control stream under it (seen as EBADF on the first
+// receive). The window is narrow, so the sequence is repeated.
+func TestListenerCloseRightAfterAccept(t *testing.T) {
+	withEnv(t, nil)
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	for i := 0; i < 300 && !t.Failed(); i++ {
+		var h nccl.Handle
+		l, err := tr.Listen(0, &h)
+		require.NoError(t, err)
+		s, r := connectAccept(t, tr, l, h)
+		require.NoError(t, l.Close())
+		exchange(t, s.(*sendComm), r.(*recvComm), 64)
+		s.Close()
+		r.Close()
+	}
+	assert.NotContains(t, log.String(), "WARN")
+}

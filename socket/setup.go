@@ -173,14 +173,18 @@ func (l *listener) acceptLoop() {
 // greetConn reads and checks one stream's hello and files it.
 func (l *listener) greetConn(c *net.TCPConn) {
 	defer l.wg.Done()
+	// A connection that is kept leaves greet in the same critical section that
+	// files it (below): the comm it joins can be accepted, and the listener
+	// closed, the moment the lock drops, and Close closes whatever is in greet.
 	keep := false
 	defer func() {
+		if keep {
+			return
+		}
 		l.mu.Lock()
 		delete(l.greet, c)
 		l.mu.Unlock()
-		if !keep {
-			c.Close()
-		}
+		c.Close()
 	}()
 	peer := c.RemoteAddr().String()
 	var b [helloLen]byte
@@ -233,6 +237,7 @@ func (l *listener) greetConn(c *net.TCPConn) {
 		in.streams[m.index] = c
 	}
 	keep = true
+	delete(l.greet, c)
 	in.have++
 	if in.have < l.info.streams+1 {
 		return
