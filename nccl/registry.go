@@ -37,6 +37,22 @@ func Register(name string, priority int, f Factory) {
 	sort.SliceStable(registry.regs, func(i, j int) bool { return registry.regs[i].Priority < registry.regs[j].Priority })
 }
 
+// Unregister removes the registration called name and reports whether there
+// was one. It is for tests and for programs that register transports at run
+// time; the plugin picks its transport once, at init, so removing the one in
+// use does not stop it.
+func Unregister(name string) bool {
+	registry.Lock()
+	defer registry.Unlock()
+	for i, r := range registry.regs {
+		if r.Name == name {
+			registry.regs = append(registry.regs[:i], registry.regs[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
 // Transports lists registrations in the order the plugin tries them.
 func Transports() []Registration {
 	registry.Lock()

@@ -42,9 +42,14 @@ func TestEnvParsing(t *testing.T) {
 func TestRegistryOrderAndDuplicates(t *testing.T) {
 	Register("zz-late", 500, nil)
 	Register("zz-early", -500, nil)
+	t.Cleanup(func() { Unregister("zz-late"); Unregister("zz-early") })
 	regs := Transports()
 	assert.Equal(t, "zz-early", regs[0].Name)
 	_, ok := Lookup("zz-late")
 	assert.True(t, ok)
 	assert.Panics(t, func() { Register("zz-late", 1, nil) })
+	assert.True(t, Unregister("zz-late"))
+	assert.False(t, Unregister("zz-late"), "already gone")
+	_, ok = Lookup("zz-late")
+	assert.False(t, ok)
 }

@@ -169,26 +169,42 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 		state.mu.Lock()
 		state.ready, state.transport, state.ctxRefs = false, nil, 0
 		state.mu.Unlock()
+		// Comms or contexts a test left open must not make a later test's
+		// finalize keep its transport (go test -count=N, -shuffle).
+		clearSlots(&comms)
+		clearSlots(&ctxs)
 		nccl.SetEnvLookup(nil)
 		currentSink.Store(nil)
 	})
 	return sink
 }
 
+func clearSlots[T any](tab *slotTable[T]) {
+	tab.mu.Lock()
+	n := tab.next
+	tab.mu.Unlock()
+	for slot := uint32(0); slot < n; slot++ {
+		if e := tab.get(slot); e != nil {
+			tab.remove(slot, e)
+		}
+	}
+}
+
 var regSeq int
 
-func register(f *fakeTransport, prio int) string {
+func register(t testing.TB, f *fakeTransport, prio int) string {
 	testRegs.Lock()
 	defer testRegs.Unlock()
 	regSeq++
 	name := fmt.Sprintf("%s-%d", f.name, regSeq)
 	f.name = name
 	nccl.Register(name, prio, func() nccl.Transport { return f })
+	t.Cleanup(func() { nccl.Unregister(name) })
 	return name
 }
 
 func initWith(t *testing.T, f *fakeTransport) *captureSink {
-	name := register(f, 1000+regSeq)
+	name := register(t, f, 1000+regSeq)
 	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_DEBUG": "INFO"})
 	_, res := netInit(10, false, -1)
 	require.Equal(t, nccl.Success, res)
@@ -232,7 +248,7 @@ func TestSlotTableReuseBumpsGeneration(t *testing.T) {
 
 func TestInitOnceAndV11Refcount(t *testing.T) {
 	f := &fakeTransport{name: "refc", devs: 1}
-	name := register(f, 2000)
+	name := register(t, f, 2000)
 	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
 	c1, res := netInit(11, true, -1)
 	require.Equal(t, nccl.Success, res)
@@ -270,8 +286,8 @@ func TestFallbackToNextTransportOnNoDevice(t *testing.T) {
 	ib := &fakeTransport{name: "noib", initErr: fmt.Errorf("%w: no RDMA port", nccl.ErrNoDevice)}
 	sock := &fakeTransport{name: "sock", devs: 1}
 	// Priorities below every other test's so these two are tried first.
-	register(ib, -200)
-	register(sock, -100)
+	register(t, ib, -200)
+	register(t, sock, -100)
 	sink := setup(t, map[string]string{"NCCL_DEBUG": "INFO"})
 	_, res := netInit(9, false, -1)
 	require.Equal(t, nccl.Success, res)
@@ -284,6 +300,7 @@ func TestFallbackToNextTransportOnNoDevice(t *testing.T) {
 }
 
 func TestUnknownForcedTransportIsAClearError(t *testing.T) {
+	register(t, &fakeTransport{name: "known", devs: 1}, 6000)
 	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": "nope"})
 	_, res := netInit(10, false, -1)
 	assert.Equal(t, nccl.InvalidArgument, res)
@@ -293,7 +310,7 @@ func TestUnknownForcedTransportIsAClearError(t *testing.T) {
 
 func TestZeroDevicesFailsInit(t *testing.T) {
 	f := &fakeTransport{name: "zero", devs: 0}
-	name := register(f, 3000)
+	name := register(t, f, 3000)
 	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
 	_, res := netInit(10, false, -1)
 	assert.Equal(t, nccl.SystemError, res, "NCCL must never see devices()==0 from an initialised plugin")
@@ -440,7 +457,7 @@ func TestFlushNullAndReal(t *testing.T) {
 
 func TestStallWarnNamesPeerAndBacksOff(t *testing.T) {
 	f := &fakeTransport{name: "stall", devs: 1}
-	name := register(f, 4000)
+	name := register(t, f, 4000)
 	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_STALL_WARN": "0.02"})
 	_, res := netInit(10, false, -1)
 	require.Equal(t, nccl.Success, res)
@@ -503,7 +520,7 @@ func BenchmarkIsendTest(b *testing.B) {
 	for _, on := range []bool{false, true} {
 		b.Run(fmt.Sprintf("metrics=%v", on), func(b *testing.B) {
 			f := &fakeTransport{name: "bench", devs: 1}
-			name := register(f, 5000+regSeq)
+			name := register(b, f, 5000+regSeq)
 			nccl.SetEnvLookup(func(k string) (string, bool) {
 				if k == "NCCL_GO_TRANSPORT" {
 					return name, true
