@@ -72,9 +72,6 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if err := s.failed(); err != nil {
 		return nccl.NoRequest, err
 	}
-	if size < 0 || size > nccl.MaxNetSize {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "isend of %d bytes (at most %d)", size, nccl.MaxNetSize)
-	}
 	if s.nfree == 0 {
 		return nccl.NoRequest, nil
 	}

@@ -2,6 +2,7 @@ package ibv
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -25,9 +26,14 @@ func TestLoadFailures(t *testing.T) {
 	already := loaded
 	loadMu.Unlock()
 	if already != "" {
-		// Load keeps libibverbs for the life of the process, so after a run
-		// that loaded it (go test -count=N) every Load reports that instead.
-		t.Skipf("libibverbs was loaded from %s earlier in this process; the dlopen failure paths are checked by the first run only", already)
+		// Load keeps libibverbs for the life of the process, so once a test
+		// loaded it (go test -count=N, -shuffle) every Load here would report
+		// that instead: check the failure paths in a fresh process.
+		cmd := exec.Command(os.Args[0], "-test.run=^TestLoadFailures$", "-test.count=1", "-test.v")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "TestLoadFailures in a fresh process (libibverbs was loaded from %s here):\n%s", already, out)
+		require.Contains(t, string(out), "--- PASS: TestLoadFailures", "the fresh process must run the check, not skip it:\n%s", out)
+		return
 	}
 	_, err := Load("/nonexistent/libibverbs.so.1")
 	require.Error(t, err)
