@@ -32,7 +32,7 @@ $(SO_RACE): $(GO_SOURCES) scripts/build-plugin.sh | deps-build
 # report or corrupt byte fails, for v12, v11 and v10, 3 runs each.
 .PHONY: concurrent concurrent-race
 concurrent-race: $(HARNESS) $(SO_RACE)
-	$(HARNESS_ENV) harness/concurrent-race.sh $(HARNESS) $(SO_RACE) 12,11,10 3 --iters 2000
+	$(HARNESS_ENV) harness/concurrent-race.sh $(HARNESS) $(SO_RACE) 12,11,10 3 --iters 4000
 
 # The same mode on the regular library, every API version once.
 concurrent: $(HARNESS) $(SO)
