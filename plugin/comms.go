@@ -38,17 +38,34 @@ type commEntry struct {
 	sizes  [maxABIRecvs]int
 }
 
-// newDataEntry prepares a send or recv comm entry; the caller holds state.mu
-// shared.
-func newDataEntry(t nccl.Transport, tag uint8, dev int) *commEntry {
+// openDataComm publishes a send (tag S) or recv (tag R) comm the transport
+// just made; the caller holds state.mu shared. On failure the comm is closed.
+func openDataComm(t nccl.Transport, tag uint8, dev int, c nccl.Comm) (uintptr, error) {
 	m, maxRecvs := deviceInfo(t, dev)
-	e := &commEntry{tag: tag, dev: dev, m: m, maxRecvs: maxRecvs,
+	e := &commEntry{tag: tag, dev: dev, m: m, maxRecvs: maxRecvs, comm: c,
 		counting: state.countMetrics, stallWarn: state.stallWarn, prof: currentProfiler()}
+	if tag == tagSend {
+		e.send = c.(nccl.SendComm)
+	} else {
+		e.recv = c.(nccl.RecvComm)
+	}
 	e.reqs = newReqTable(reqCapacity(maxRecvs))
 	if e.prof != nil {
 		e.events = make([][maxProfEvents]uintptr, len(e.reqs.slots))
 	}
-	return e
+	h, err := e.register()
+	if err != nil {
+		_ = c.Close()
+		return 0, err
+	}
+	e.m.ConnOpened(e.dir())
+	return h, nil
+}
+
+// setupFailed counts a failed connect or accept against dev.
+func setupFailed(t nccl.Transport, dev int, dir metrics.Dir, err error) {
+	m, _ := deviceInfo(t, dev)
+	m.CallFailed(dir, metrics.KindOf(nccl.ResultOf(err)))
 }
 
 func (e *commEntry) register() (uintptr, error) {
@@ -149,21 +166,16 @@ func netConnect(dev int, trafficClass int, handle *nccl.Handle) (uintptr, nccl.R
 	}
 	sc, err := t.Connect(dev, handle, nccl.ConnectOptions{TrafficClass: trafficClass})
 	if err != nil {
-		m, _ := deviceInfo(t, dev)
-		m.CallFailed(metrics.Send, metrics.KindOf(nccl.ResultOf(err)))
+		setupFailed(t, dev, metrics.Send, err)
 		return 0, fail("connect", err)
 	}
 	if sc == nil {
 		return 0, nccl.Success // not ready; NCCL calls again with the same handle
 	}
-	e := newDataEntry(t, tagSend, dev)
-	e.send, e.comm = sc, sc
-	h, err := e.register()
+	h, err := openDataComm(t, tagSend, dev, sc)
 	if err != nil {
-		_ = sc.Close()
 		return 0, fail("connect", err)
 	}
-	e.m.ConnOpened(metrics.Send)
 	return h, nccl.Success
 }
 
@@ -179,21 +191,16 @@ func netAccept(listenH uintptr) (uintptr, nccl.Result) {
 	}
 	rc, err := l.listener.Accept()
 	if err != nil {
-		m, _ := deviceInfo(t, l.dev)
-		m.CallFailed(metrics.Recv, metrics.KindOf(nccl.ResultOf(err)))
+		setupFailed(t, l.dev, metrics.Recv, err)
 		return 0, fail("accept", err)
 	}
 	if rc == nil {
 		return 0, nccl.Success
 	}
-	e := newDataEntry(t, tagRecv, l.dev)
-	e.recv, e.comm = rc, rc
-	h, err := e.register()
+	h, err := openDataComm(t, tagRecv, l.dev, rc)
 	if err != nil {
-		_ = rc.Close()
 		return 0, fail("accept", err)
 	}
-	e.m.ConnOpened(metrics.Recv)
 	return h, nccl.Success
 }
 

@@ -28,9 +28,21 @@ func (e *commEntry) postReq(idx int, id nccl.Request, flush bool, n int, size in
 	return r
 }
 
-// badRequestID rejects what the transport answered for a request it accepted.
-func badRequestID(id nccl.Request) error {
-	return nccl.Errorf(nccl.InternalError, "transport returned request id %d; ids are non-negative (nccl.NoRequest asks NCCL to retry)", id)
+// accepted reports whether the transport took the request the glue asked it
+// to post into slot idx. If not, the slot is freed and res is NCCL's answer:
+// success with a NULL request (retry) for nccl.NoRequest, else the error.
+func (e *commEntry) accepted(call string, idx int, id nccl.Request, err error) (ok bool, res nccl.Result) {
+	if err == nil && id < 0 && id != nccl.NoRequest {
+		err = nccl.Errorf(nccl.InternalError, "transport returned request id %d; ids are non-negative (nccl.NoRequest asks NCCL to retry)", id)
+	}
+	if err == nil && id != nccl.NoRequest {
+		return true, nccl.Success
+	}
+	e.reqs.release(idx)
+	if err != nil {
+		return false, e.callFailed(call, err)
+	}
+	return false, nccl.Success
 }
 
 // abandonRequests settles the books for requests NCCL will never test (close
@@ -129,15 +141,8 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 		return 0, nccl.Success
 	}
 	id, err := e.send.Isend(data, int(size), tag, nccl.MemHandle(mh))
-	if err == nil && id < 0 && id != nccl.NoRequest {
-		err = badRequestID(id)
-	}
-	if err != nil || id == nccl.NoRequest {
-		e.reqs.release(idx)
-		if err != nil {
-			return 0, e.callFailed("isend", err)
-		}
-		return 0, nccl.Success
+	if ok, res := e.accepted("isend", idx, id, err); !ok {
+		return 0, res
 	}
 	r := e.postReq(idx, id, false, 1, size)
 	if phandle != 0 {
@@ -173,15 +178,8 @@ func (e *commEntry) irecv(n int, phandles []uintptr) (uintptr, nccl.Result) {
 		return 0, nccl.Success
 	}
 	id, err := e.recv.Irecv(e.bufs[:n])
-	if err == nil && id < 0 && id != nccl.NoRequest {
-		err = badRequestID(id)
-	}
-	if err != nil || id == nccl.NoRequest {
-		e.reqs.release(idx)
-		if err != nil {
-			return 0, e.callFailed("irecv", err)
-		}
-		return 0, nccl.Success
+	if ok, res := e.accepted("irecv", idx, id, err); !ok {
+		return 0, res
 	}
 	var total int64
 	for i := 0; i < n; i++ {
@@ -203,17 +201,10 @@ func (e *commEntry) iflush(n int) (uintptr, nccl.Result) {
 		return 0, nccl.Success
 	}
 	id, err := e.recv.Iflush(e.bufs[:n])
-	if err == nil && id < 0 && id != nccl.NoRequest {
-		err = badRequestID(id)
-	}
-	if err != nil || id == nccl.NoRequest {
-		// A NULL flush request is one NCCL counts as done; exhaustion of the
-		// glue's slots above is one NCCL retries.
-		e.reqs.release(idx)
-		if err != nil {
-			return 0, e.callFailed("iflush", err)
-		}
-		return 0, nccl.Success
+	// A NULL flush request is one NCCL counts as done; a NULL for lack of a
+	// glue slot (above) is one NCCL retries.
+	if ok, res := e.accepted("iflush", idx, id, err); !ok {
+		return 0, res
 	}
 	e.postReq(idx, id, true, n, 0)
 	if e.counting {
