@@ -90,7 +90,7 @@ func goNetGetProperties(version C.int, dev C.int, props unsafe.Pointer) (res C.n
 func goNetMakeVDevice(maxDevs C.int, d *C.int, ndevs C.int, devs *C.int) (res C.ncclResult_t) {
 	defer guard("makeVDevice", &res)
 	if d == nil || (devs == nil && ndevs > 0) || ndevs < 0 || ndevs > 64 { /* bound before reading NCCL's array */
-		return cres(fail("makeVDevice", nccl.Errorf(nccl.InvalidArgument, "bad arguments (ndevs=%d)", int(ndevs))))
+		return cres(fail("makeVDevice", nccl.Errorf(nccl.InvalidArgument, "bad arguments (NULL index or props, or ndevs=%d)", int(ndevs))))
 	}
 	list := make([]int, int(ndevs))
 	for i, v := range unsafe.Slice(devs, int(ndevs)) {

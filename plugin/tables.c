@@ -112,9 +112,9 @@ static ncclResult_t v9_irecv(void* recvComm, int n, void** data, size_t* sizes, 
                              void** request) {
   return goNetIrecv((uintptr_t)recvComm, n, data, sizes, NULL, tags, (uintptr_t*)mhandles, NULL, (uintptr_t*)request);
 }
+/* A NULL props reaches Go as ndevs -1, which it refuses with a WARN. */
 static ncclResult_t v9_makeVDevice(int* d, ncclNetVDeviceProps_v9_t* props) {
-  if (props == NULL) return ncclInvalidArgument;
-  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V9, d, props->ndevs, props->devs);
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V9, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 
 /* ---- v10 (NCCL 2.26-2.27): profiler, connect config, phandles ---- */
@@ -143,16 +143,22 @@ static ncclResult_t v10_irecv(void* recvComm, int n, void** data, size_t* sizes,
 
 /* ---- v11 (NCCL 2.28-2.29) and v12 (2.30+): per-communicator init/finalize ---- */
 
+/* v11+ must hand back a context: without somewhere to put it, refuse (Go
+ * would take a NULL ctx for a v10-style init). */
+static ncclResult_t noCtx(ncclDebugLogger_t logFn) {
+  ncclGoLog(logFn, NCCL_LOG_WARN, ~0UL, "NET/Go : init failed: ctx is NULL (ncclInvalidArgument)");
+  return ncclInvalidArgument;
+}
 static ncclResult_t v11_init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config, ncclDebugLogger_t logFn,
                              ncclProfilerCallback_t profFn) {
   (void)commId;
-  if (ctx == NULL) return ncclInvalidArgument;
+  if (ctx == NULL) return noCtx(logFn);
   return goNetInit(11, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
 static ncclResult_t v12_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config, ncclDebugLogger_t logFn,
                              ncclProfilerCallback_t profFn) {
   (void)commId;
-  if (ctx == NULL) return ncclInvalidArgument;
+  if (ctx == NULL) return noCtx(logFn);
   return goNetInit(12, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
 static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) { return goNetGetProperties(11, dev, props); }
@@ -166,12 +172,10 @@ static ncclResult_t v11_connect(void* ctx, int dev, void* handle, void** sendCom
   return goNetConnect((uintptr_t)ctx, dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, (uintptr_t*)sendComm);
 }
 static ncclResult_t v11_makeVDevice(int* d, ncclNetVDeviceProps_v11_t* props) {
-  if (props == NULL) return ncclInvalidArgument;
-  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V11, d, props->ndevs, props->devs);
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V11, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 static ncclResult_t v12_makeVDevice(int* d, ncclNetVDeviceProps_v12_t* props) {
-  if (props == NULL) return ncclInvalidArgument;
-  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V12, d, props->ndevs, props->devs);
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V12, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 static ncclResult_t v11_finalize(void* ctx) { return goNetFinalize((uintptr_t)ctx); }
 static ncclResult_t v11_setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
