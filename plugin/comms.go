@@ -24,9 +24,9 @@ type commEntry struct {
 	m        *metrics.Device
 	peer     string
 
-	// Read once at set-up, never on the data path: the settings of the first
-	// init, the profiler NCCL gave init (nil: none), the device's largest
-	// grouped receive.
+	// Copied at connect/accept so that the data path reads nothing init may
+	// be writing on another thread: the settings of the first init, NCCL's
+	// profiler callback (nil: none), the device's largest grouped receive.
 	counting  bool
 	stallWarn int64
 	prof      profilerHooks
@@ -226,23 +226,21 @@ func netClose(h uintptr, tag uint8) nccl.Result {
 	if err != nil {
 		return fail(call, err)
 	}
-	t, err := acquire()
-	if err != nil {
-		return fail(call, err) // cannot happen while e is open: finalize waits for it
-	}
-	res := closeEntry(t, e, h, call)
-	state.mu.RUnlock()
+	res := closeEntry(e, h, call)
 	if state.finalizePending.Load() && comms.count() == 0 {
-		state.mu.Lock()
-		finalizeIfIdleLocked()
-		state.mu.Unlock()
+		finalizeIfIdle()
 	}
 	return res
 }
 
-// closeEntry runs with state.mu held shared, so a finalize cannot end the
-// transport between the entry leaving the table and its Close returning.
-func closeEntry(t nccl.Transport, e *commEntry, h uintptr, call string) nccl.Result {
+// closeEntry holds state.mu shared, so a finalize cannot end the transport
+// between the entry leaving the table and its Close returning.
+func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
+	t, err := acquire()
+	if err != nil {
+		return fail(call, err) // cannot happen while e is open: finalize waits for it
+	}
+	defer state.mu.RUnlock()
 	if !comms.remove(e.slot, e) {
 		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
 	}
@@ -253,7 +251,7 @@ func closeEntry(t nccl.Transport, e *commEntry, h uintptr, call string) nccl.Res
 		e.m.ConnClosed(e.dir())
 	}
 	start := now()
-	err := closer.Close()
+	err = closer.Close()
 	took := now() - start
 	if err != nil {
 		log.Warnf("NET/Go : %s: %v", call, err)

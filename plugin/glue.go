@@ -209,10 +209,14 @@ func netFinalize(h uintptr) nccl.Result {
 	if state.ctxRefs.Add(-1) > 0 {
 		return nccl.Success
 	}
+	finalizeIfIdle()
+	return nccl.Success
+}
+
+func finalizeIfIdle() {
 	state.mu.Lock()
 	defer state.mu.Unlock()
 	finalizeIfIdleLocked()
-	return nccl.Success
 }
 
 // finalizeIfIdleLocked ends the transport once no context and no comm is left

@@ -737,3 +737,48 @@ func TestForgedHandlesAreInvalidArgumentEverywhere(t *testing.T) {
 	_, res = netIsend(sh, nil, 0, 0, 0, 0)
 	assert.Equal(t, nccl.Success, res, "the open comm still works")
 }
+
+type panickyRecv struct{ fakeRecv }
+
+func (*panickyRecv) Close() error { panic("close exploded") }
+
+type panickyListener struct{}
+
+func (panickyListener) Accept() (nccl.RecvComm, error) { return &panickyRecv{}, nil }
+func (panickyListener) Close() error                   { return nil }
+
+// A transport's Close that panics becomes ncclInternalError at the boundary;
+// the glue must not keep the transport's lifetime lock (every later init or
+// finalize would hang).
+func TestPanickingCloseReleasesTheLifetimeLock(t *testing.T) {
+	h := &listenHook{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "panicky", devs: 1}}, l: panickyListener{}}
+	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
+	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
+	t.Cleanup(func() { nccl.Unregister(name) })
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	var handle nccl.Handle
+	lh, res := netListen(0, &handle)
+	require.Equal(t, nccl.Success, res)
+	rh, res := netAccept(lh)
+	require.Equal(t, nccl.Success, res)
+	var got any
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				got = p
+				res = panicResult("close", p)
+			}
+		}()
+		res = netClose(rh, tagRecv)
+	}()
+	assert.Equal(t, "close exploded", got)
+	assert.Equal(t, nccl.InternalError, res)
+	if !state.mu.TryLock() {
+		state.mu.RUnlock() // what the panic leaked, so that the cleanup does not hang
+		t.Fatal("the lifetime lock is still held after the panic")
+	}
+	state.mu.Unlock()
+	require.Equal(t, nccl.Success, netClose(lh, tagListen))
+}
