@@ -10,8 +10,11 @@
  *   - one service thread that keeps making and tearing down connections
  *     (listen, connect, accept, closeListen, regMr, deregMr, a verified ping,
  *     closeSend/closeRecv; v11+: each round in a context of its own, created
- *     and finalized around it) and registers memory on the progress threads'
- *     comms while they move data, as NCCL's lazy user-buffer registration does.
+ *     and finalized around it). One round in four is torn down while connect
+ *     and accept may still be pending (v11+: finalize first), another closes
+ *     with a send and a receive in flight, as ncclCommAbort does. It also
+ *     registers memory on the progress threads' comms while they move data,
+ *     as NCCL's lazy user-buffer registration does.
  *
  * Against a -race build of a Go plugin (make concurrent-race) this finds data
  * races between entry points that one-thread tests cannot reach.
@@ -60,7 +63,7 @@ struct mt_rank {
   atomic_int running; /* progress threads not done yet */
   mt_thread_t th[MT_MAX_THREADS];
   pthread_t svc;
-  int rounds, regs;
+  int rounds, regs, aborts, inflight_closes;
   char svc_why[WHY_LEN];
   int svc_failed;
 };
@@ -137,8 +140,10 @@ _Static_assert(sizeof(mt_hello_t) <= MBOX_DATA, "mt_hello_t must fit a mailbox")
 
 /* listen, swap handles with thread ch of the other rank, then connect/accept
  * without blocking on either. *go is false (and nothing is left open) when
- * either side did not want the round. */
-static int mt_link(mt_rank_t* m, net_t* n, int ch, bool more, link_t* l, bool* go, char* why) {
+ * either side did not want the round. With polls > 0 it gives up after that
+ * many connect/accept calls, leaving whatever is pending (an abort during
+ * connection set-up). */
+static int mt_link(mt_rank_t* m, net_t* n, int ch, bool more, int polls, link_t* l, bool* go, char* why) {
   rank_t* r = m->r;
   memset(l, 0, sizeof *l);
   *go = false;
@@ -175,6 +180,7 @@ static int mt_link(mt_rank_t* m, net_t* n, int ch, bool more, link_t* l, bool* g
       }
     }
     if (l->sc != NULL && l->rc != NULL) break;
+    if (polls > 0 && --polls == 0) break;
     const char* stop = mt_interrupted(m);
     if (stop) return mt_fail(m, why, "connect/accept not done when %s (sendComm %p, recvComm %p)", stop, l->sc, l->rc);
     sched_yield();
@@ -330,7 +336,7 @@ static void* mt_progress(void* arg) {
     goto out;
   }
   bool go;
-  if (mt_link(m, &t->n, t->k, true, &t->l, &go, t->why) != 0) {
+  if (mt_link(m, &t->n, t->k, true, 0, &t->l, &go, t->why) != 0) {
     t->failed = 1;
   } else if (mt_stream(t) != 0) {
     t->failed = 1;
@@ -380,15 +386,34 @@ static void* mt_service(void* arg) {
       m->svc_failed = mt_fail(m, m->svc_why, "round %d: init of an extra context returned %s", round, result_str(res));
       break;
     }
+    /* Every fourth round is torn down while connect/accept may still be
+     * pending (ncclCommAbort during set-up): v11+ finalizes its context
+     * first, then whatever exists is closed. Both ranks count rounds alike. */
+    bool abort_round = round % 4 == 3;
     link_t l;
     bool go = false;
-    int rc = mt_link(m, &n, MT_SVC_CHANNEL, more, &l, &go, m->svc_why);
-    if (rc == 0 && go) {
+    int rc = mt_link(m, &n, MT_SVC_CHANNEL, more, abort_round ? 1 : 0, &l, &go, m->svc_why);
+    if (rc == 0 && go && abort_round) {
+      if (own_ctx && (res = net_finalize(&n, n.ctx)) != ncclSuccess)
+        rc = mt_fail(m, m->svc_why, "round %d: finalize during connection set-up returned %s", round, result_str(res));
+      n.ctx = NULL;
+      m->aborts++;
+    } else if (rc == 0 && go) {
       void *smh = NULL, *rmh = NULL;
       if ((res = net_regmr(&n, l.sc, scratch, 2 * MT_PING, NCCL_PTR_HOST, &smh)) != ncclSuccess ||
           (res = net_regmr(&n, l.rc, scratch, 2 * MT_PING, NCCL_PTR_HOST, &rmh)) != ncclSuccess)
         rc = mt_fail(m, m->svc_why, "round %d: regMr returned %s", round, result_str(res));
       if (rc == 0) rc = mt_ping(m, &n, &l, scratch, smh, rmh, round);
+      if (rc == 0 && round % 4 == 1) {
+        /* Close with requests in flight (ncclCommAbort): the plugin settles them. */
+        void *rq = NULL, *sq = NULL;
+        ncclResult_t a = post_one(m->r, &n, false, l.rc, scratch + MT_PING, MT_PING, 1 - m->r->rank, rmh, &rq);
+        ncclResult_t b = post_one(m->r, &n, true, l.sc, scratch, MT_PING, m->r->rank, smh, &sq);
+        if (a != ncclSuccess || b != ncclSuccess)
+          rc = mt_fail(m, m->svc_why, "round %d: posting before an abort returned %s / %s", round, result_str(a), result_str(b));
+        else
+          m->inflight_closes++;
+      }
       if (smh) net_deregmr(&n, l.sc, smh);
       if (rmh) net_deregmr(&n, l.rc, rmh);
       /* Lazy user-buffer registration on a comm a progress thread is using. */
@@ -499,9 +524,10 @@ static int mt_rank_main(rank_t* r, void* arg) {
   }
   snprintf(out, sizeof s->text[0],
            "rank %d: %d progress threads received %ld messages (%.1f MiB) verified; service thread: %d connection "
-           "rounds%s, %d registrations on busy comms; profiler events: %ld started, %ld stopped",
+           "rounds%s (%d torn down during set-up, %d closed with requests in flight), %d registrations on busy "
+           "comms; profiler events: %ld started, %ld stopped",
            r->rank, m.nthreads, msgs, (double)bytes / (1 << 20), m.rounds,
-           version >= 11 ? " each in its own init/finalize context" : "", m.regs, st, sp);
+           version >= 11 ? " each in its own init/finalize context" : "", m.aborts, m.inflight_closes, m.regs, st, sp);
   rc = 0;
 done:
   if (rc != 0) {
