@@ -16,7 +16,7 @@ for v in ${VERSIONS//,/ }; do
   for run in $(seq 1 "$RUNS"); do
     "$H" concurrent --plugin "$SO" --versions "$v" "${@:5}" >"$log" 2>&1; rc=$?
     races=$(grep -c 'WARNING: DATA RACE' "$log")
-    result=$(grep -E '^(PASS|FAIL) concurrent' "$log" | head -1)
+    result=$(grep -E '^(PASS|FAIL) concurrent' "$log" | sed -n 1p)
     if [ "$rc" -ne 0 ] || [ "$races" -ne 0 ] || [[ "$result" != PASS* ]]; then
       echo "FAIL v$v run $run: exit $rc, $races race report(s): ${result:-no result line}"
       sed 's/^/    | /' "$log"
