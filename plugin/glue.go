@@ -27,15 +27,15 @@ const maxABIRecvs = 64
 // a comm that exists keeps the transport alive (finalize waits for the last
 // comm to close).
 var state struct {
-	mu         sync.RWMutex
-	ready      bool
-	transport  nccl.Transport
-	apiVersion int
+	mu        sync.RWMutex
+	ready     bool
+	transport nccl.Transport
 	// Settings read once at the first init, copied into each comm.
 	countMetrics bool
 	stallWarn    int64
-	// v11+ contexts alive; changed under mu held shared, read under mu held
-	// exclusively (where it cannot change).
+	// v11+ contexts alive. init adds with mu held shared; the finalize that
+	// takes it to 0 then holds mu exclusively and looks again, so a context
+	// created in between keeps the transport.
 	ctxRefs atomic.Int32
 	// The last context went while comms were still open (ncclCommAbort may
 	// leave them to be closed later): the last close finalizes the transport.
@@ -145,7 +145,6 @@ func setupLocked(version int) error {
 		return err
 	}
 	state.transport = t
-	state.apiVersion = version
 	state.ready = true
 	if onSetup != nil {
 		onSetup(t)
