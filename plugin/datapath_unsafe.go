@@ -15,8 +15,9 @@ import (
 // postReq records a request the transport accepted in slot idx.
 func (e *commEntry) postReq(idx int, id nccl.Request, flush bool, n int, size int64) *reqState {
 	r := &e.reqs.slots[idx]
-	gen := r.gen
-	*r = reqState{id: id, gen: gen, active: true, flush: flush, n: int32(n), size: size}
+	// Field by field: the slot keeps its generation, and events is already 0
+	// (profStopAll runs whenever a request ends).
+	r.id, r.active, r.flush, r.stalled, r.n, r.size = id, true, flush, false, int32(n), size
 	if e.counting || e.stallWarn > 0 {
 		r.start = metrics.Now()
 		r.nextWarn = r.start + e.stallWarn
@@ -28,21 +29,19 @@ func (e *commEntry) postReq(idx int, id nccl.Request, flush bool, n int, size in
 	return r
 }
 
-// accepted reports whether the transport took the request the glue asked it
-// to post into slot idx. If not, the slot is freed and res is NCCL's answer:
-// success with a NULL request (retry) for nccl.NoRequest, else the error.
-func (e *commEntry) accepted(call string, idx int, id nccl.Request, err error) (ok bool, res nccl.Result) {
-	if err == nil && id < 0 && id != nccl.NoRequest {
+// refused handles a post the transport did not take into slot idx (err set,
+// or id < 0): the slot is freed and the result is NCCL's answer, success with
+// a NULL request (retry) for nccl.NoRequest, else the error. Off the fast
+// path, which is one comparison.
+func (e *commEntry) refused(call string, idx int, id nccl.Request, err error) nccl.Result {
+	e.reqs.release(idx)
+	if err == nil && id != nccl.NoRequest {
 		err = nccl.Errorf(nccl.InternalError, "transport returned request id %d; ids are non-negative (nccl.NoRequest asks NCCL to retry)", id)
 	}
-	if err == nil && id != nccl.NoRequest {
-		return true, nccl.Success
-	}
-	e.reqs.release(idx)
 	if err != nil {
-		return false, e.callFailed(call, err)
+		return e.callFailed(call, err)
 	}
-	return false, nccl.Success
+	return nccl.Success
 }
 
 // abandonRequests settles the books for requests NCCL will never test (close
@@ -141,8 +140,8 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 		return 0, nccl.Success
 	}
 	id, err := e.send.Isend(data, int(size), tag, nccl.MemHandle(mh))
-	if ok, res := e.accepted("isend", idx, id, err); !ok {
-		return 0, res
+	if err != nil || id < 0 {
+		return 0, e.refused("isend", idx, id, err)
 	}
 	r := e.postReq(idx, id, false, 1, size)
 	if phandle != 0 {
@@ -178,8 +177,8 @@ func (e *commEntry) irecv(n int, phandles []uintptr) (uintptr, nccl.Result) {
 		return 0, nccl.Success
 	}
 	id, err := e.recv.Irecv(e.bufs[:n])
-	if ok, res := e.accepted("irecv", idx, id, err); !ok {
-		return 0, res
+	if err != nil || id < 0 {
+		return 0, e.refused("irecv", idx, id, err)
 	}
 	var total int64
 	for i := 0; i < n; i++ {
@@ -203,8 +202,8 @@ func (e *commEntry) iflush(n int) (uintptr, nccl.Result) {
 	id, err := e.recv.Iflush(e.bufs[:n])
 	// A NULL flush request is one NCCL counts as done; a NULL for lack of a
 	// glue slot (above) is one NCCL retries.
-	if ok, res := e.accepted("iflush", idx, id, err); !ok {
-		return 0, res
+	if err != nil || id < 0 {
+		return 0, e.refused("iflush", idx, id, err)
 	}
 	e.postReq(idx, id, true, n, 0)
 	if e.counting {

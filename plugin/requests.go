@@ -73,14 +73,16 @@ type reqState struct {
 	period   int64
 }
 
-// reqTable is a comm's request slots and the stack of free ones.
+// reqTable is a comm's request slots and the stack of free ones
+// (free[:nfree]).
 type reqTable struct {
 	slots []reqState
 	free  []uint16
+	nfree int
 }
 
 func newReqTable(n int) reqTable {
-	t := reqTable{slots: make([]reqState, n), free: make([]uint16, n)}
+	t := reqTable{slots: make([]reqState, n), free: make([]uint16, n), nfree: n}
 	for i := range t.free {
 		t.free[i] = uint16(n - 1 - i) // hand out slot 0 first
 	}
@@ -89,13 +91,11 @@ func newReqTable(n int) reqTable {
 
 // alloc takes a free slot; false when all are in flight.
 func (t *reqTable) alloc() (int, bool) {
-	n := len(t.free)
-	if n == 0 {
+	if t.nfree == 0 {
 		return 0, false
 	}
-	idx := int(t.free[n-1])
-	t.free = t.free[:n-1]
-	return idx, true
+	t.nfree--
+	return int(t.free[t.nfree]), true
 }
 
 // release returns slot idx; any handle that named it becomes stale.
@@ -103,5 +103,6 @@ func (t *reqTable) release(idx int) {
 	r := &t.slots[idx]
 	r.active = false
 	r.gen = (r.gen + 1) & reqGenMask
-	t.free = append(t.free, uint16(idx)) // within capacity: never allocates
+	t.free[t.nfree] = uint16(idx)
+	t.nfree++
 }
