@@ -70,7 +70,7 @@ func TestDiscoveryFiltersAndProperties(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:00/0000:00:01.0", GUID: 0xabc,
 		PtrSupport: nccl.PtrHost, RegIsGlobal: true, Speed: 100000, Port: 1, MaxComms: 1000, MaxRecvs: 8, VDevs: []int{0},
-		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize, RailID: -1, PlaneID: -1}, p)
+		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize}, p)
 	p, _ = h.t.Properties(1)
 	assert.Equal(t, 2, p.Port)
 

@@ -385,8 +385,6 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		MaxRecvs:     maxRecvs,
 		MaxP2PBytes:  nccl.MaxNetSizeBytes,
 		MaxCollBytes: nccl.MaxCollSize,
-		RailID:       nccl.IDUndef,
-		PlaneID:      nccl.IDUndef,
 	}
 	names := make([]string, len(devs))
 	t.mu.RLock()

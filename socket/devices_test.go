@@ -231,7 +231,7 @@ func TestInitProperties(t *testing.T) {
 	require.NoError(t, err)
 	pci, _ := filepath.Abs("testdata/sys/devices/pci0000:00/0000:00:03.0")
 	assert.Equal(t, nccl.Properties{Name: "eth0", PCIPath: pci, GUID: 1, PtrSupport: nccl.PtrHost, Speed: 25000,
-		MaxComms: 65536, MaxRecvs: 8, MaxP2PBytes: 1 << 40, MaxCollBytes: 512 << 20, RailID: -1, PlaneID: -1}, p)
+		MaxComms: 65536, MaxRecvs: 8, MaxP2PBytes: 1 << 40, MaxCollBytes: 512 << 20}, p)
 	p, err = tr.Properties(0)
 	require.NoError(t, err)
 	assert.Equal(t, "lo", p.Name)
