@@ -35,10 +35,10 @@ func TestParseIntIsStrtollBase0(t *testing.T) {
 // NCCL_SOCKET_MAGIC: strtoull(env, &end, 0), whole string.
 func TestParseUint64IsStrtoull(t *testing.T) {
 	for in, want := range map[string]uint64{
-		"12345":              12345,
-		"0x564ab9f2fc4b9d6c": 0x564ab9f2fc4b9d6c,
-		"0XABCDEF0123456789": 0xabcdef0123456789,
-		"0xffffffffffffffff": math.MaxUint64, // signed parsing (the old ib reader) refused these
+		"12345":                12345,
+		"0x564ab9f2fc4b9d6c":   0x564ab9f2fc4b9d6c,
+		"0XABCDEF0123456789":   0xabcdef0123456789,
+		"0xffffffffffffffff":   math.MaxUint64, // signed parsing (the old ib reader) refused these
 		"18446744073709551615": math.MaxUint64,
 		"9223372036854775808":  1 << 63,
 		"017":                  15,
