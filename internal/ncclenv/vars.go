@@ -55,6 +55,13 @@ func (b *base) setRange(r string) {
 	registry.Unlock()
 }
 
+// showDefault replaces how the registry shows the default ("unset (no
+// endpoint)" rather than "-1").
+func (b *base) showDefault(text string) {
+	b.s.Default = text
+	b.setRange(b.s.Range)
+}
+
 // warn formats "<prefix> : ignoring NAME=value: why; using ...".
 func warn(log Logger, prefix, format string, args ...any) {
 	if log == nil {
@@ -76,6 +83,9 @@ type StringVar struct {
 func (g *Group) String(name, def, doc string) *StringVar {
 	return &StringVar{base: g.declare(name, KindString, def, doc), def: def}
 }
+
+// ShowDefault sets how the registry shows the default.
+func (v *StringVar) ShowDefault(text string) *StringVar { v.showDefault(text); return v }
 
 // Get returns the trimmed value, or the default when unset or empty.
 func (v *StringVar) Get() string {
@@ -111,6 +121,10 @@ func (v *IntVar) Clamp(lo, hi int64) *IntVar {
 	v.clamps = true
 	return v
 }
+
+// ShowDefault sets how the registry shows the default (e.g. "auto" for a
+// sentinel value).
+func (v *IntVar) ShowDefault(text string) *IntVar { v.showDefault(text); return v }
 
 // Default is the declared default.
 func (v *IntVar) Default() int64 { return v.def }
@@ -231,6 +245,9 @@ func (v *DurationVar) Clamp(lo, hi time.Duration) *DurationVar {
 	v.clamps = true
 	return v
 }
+
+// ShowDefault sets how the registry shows the default.
+func (v *DurationVar) ShowDefault(text string) *DurationVar { v.showDefault(text); return v }
 
 // Default is the declared default.
 func (v *DurationVar) Default() time.Duration { return v.def }

@@ -48,6 +48,7 @@ var (
 	tFam   = testEnv.Family("NCCL_GO_TEST_FAMILY", AnyFamily, "a family")
 	tList  = testEnv.List("NCCL_GO_TEST_LIST", MaxIfs, "a list")
 	tStr   = testEnv.String("NCCL_GO_TEST_STR", "/dev/shm", "a string")
+	tAuto  = testEnv.Int("NCCL_GO_TEST_AUTO", -2, "an integer with a sentinel default").ShowDefault("auto").In(-2, 64)
 )
 
 func TestIntVar(t *testing.T) {
@@ -139,6 +140,10 @@ func TestRegistry(t *testing.T) {
 	assert.Equal(t, "0x564ab9f2fc4b9d6c", s.Default)
 	s, _ = Find("NCCL_GO_TEST_DURC")
 	assert.Equal(t, "15s", s.Default)
+	s, _ = Find("NCCL_GO_TEST_AUTO")
+	assert.Equal(t, "auto", s.Default)
+	assert.Equal(t, "[-2, 64]", s.Range)
+	assert.Equal(t, int64(-2), tAuto.Default())
 	s, _ = Find("NCCL_GO_TEST_BOOL")
 	assert.Equal(t, "1", s.Default)
 	assert.Equal(t, "NCCL_GO_TEST_INT", tInt.Name())
