@@ -270,6 +270,22 @@ func TestConnectorDyingDuringTheHandshakeFailsAccept(t *testing.T) {
 	assert.Contains(t, err.Error(), fmt.Sprintf("process %d died during the handshake", cmd.Process.Pid))
 }
 
+// pollForError calls f, as NCCL polls connect or accept, until it fails; it
+// must return nothing meanwhile. 10 s bounds a broken transport, no speed
+// assertion.
+func pollForError[T any](t *testing.T, what string, f func() (T, error)) error {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 10*time.Second; {
+		v, err := f()
+		if err != nil {
+			return err
+		}
+		require.Zero(t, v, "%s returned a comm nobody should have given", what)
+	}
+	t.Fatalf("%s still pending after 10s", what)
+	return nil
+}
+
 // A listener whose rank never accepts fails the connect after NCCL_GO_TIMEOUT
 // instead of leaving NCCL polling forever.
 func TestConnectIsBoundedByNCCLGoTimeout(t *testing.T) {
@@ -280,13 +296,7 @@ func TestConnectIsBoundedByNCCLGoTimeout(t *testing.T) {
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
 	defer l.Close()
-	start := time.Now()
-	var sc nccl.SendComm
-	for err == nil && time.Since(start) < 10*time.Second {
-		sc, err = tr.Connect(0, &h, nccl.ConnectOptions{})
-		require.Nil(t, sc, "nobody accepted")
-	}
-	require.Error(t, err, "connect still pending after 10s")
+	err = pollForError(t, "connect", func() (any, error) { return tr.Connect(0, &h, nccl.ConnectOptions{}) })
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
 	assert.Contains(t, err.Error(), "did not accept within 300ms (NCCL_GO_TIMEOUT)")
 	assert.Zero(t, tr.pending.Len(), "a failed connect releases its attempt")
@@ -311,13 +321,7 @@ func TestAcceptOfAStuckHandshakeIsBounded(t *testing.T) {
 	require.NoError(t, lockSide(r.fd, sideSend))
 	writeSide(r.h, sideSend)
 	require.True(t, r.h.u32(offState).CompareAndSwap(stListening, stClaimed))
-	start := time.Now()
-	var rc nccl.RecvComm
-	for err == nil && time.Since(start) < 10*time.Second {
-		rc, err = l.Accept()
-		require.Nil(t, rc)
-	}
-	require.Error(t, err, "accept still pending after 10s")
+	err = pollForError(t, "accept", func() (any, error) { return l.Accept() })
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
 	assert.Contains(t, err.Error(), "did not finish the handshake within 300ms (NCCL_GO_TIMEOUT)")
 }

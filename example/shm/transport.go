@@ -41,10 +41,7 @@ func (t *Transport) Name() string { return "shm" }
 func (t *Transport) Init(ctx nccl.InitContext) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.log = ctx.Log
-	if t.log == nil {
-		t.log = nccl.DiscardLogger{}
-	}
+	t.log = ctx.Logger()
 	if settingDisable.Get(t.log) {
 		return fmt.Errorf("%w: %s=1", nccl.ErrNoDevice, envDisable)
 	}

@@ -31,8 +31,8 @@ func (t *Transport) Name() string { return "myfabric" }
 func (t *Transport) Init(ctx nccl.InitContext) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.log = ctx.Log
-	t.env = nccl.Env{Log: ctx.Log, Prefix: logPrefix}
+	t.log = ctx.Logger() // never nil
+	t.env = nccl.Env{Log: t.log, Prefix: logPrefix}
 	// TODO: probe the hardware; read settings with t.env.Int/String/Bool/
 	// Duration at set-up time (never os.Getenv: NCCL sets some after the
 	// library is loaded).
