@@ -286,17 +286,24 @@ func pollForError[T any](t *testing.T, what string, f func() (T, error)) error {
 	return nil
 }
 
-// A listener whose rank never accepts fails the connect after NCCL_GO_TIMEOUT
-// instead of leaving NCCL polling forever.
-func TestConnectIsBoundedByNCCLGoTimeout(t *testing.T) {
+// listenWithTimeout sets NCCL_GO_TIMEOUT to 300 ms and listens.
+func listenWithTimeout(t *testing.T) (*Transport, nccl.Listener, nccl.Handle) {
+	t.Helper()
 	shmDir(t)
 	t.Setenv("NCCL_GO_TIMEOUT", "0.3")
 	tr := newTransport(t)
 	var h nccl.Handle
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
-	defer l.Close()
-	err = pollForError(t, "connect", func() (any, error) { return tr.Connect(0, &h, nccl.ConnectOptions{}) })
+	t.Cleanup(func() { _ = l.Close() })
+	return tr, l, h
+}
+
+// A listener whose rank never accepts fails the connect after NCCL_GO_TIMEOUT
+// instead of leaving NCCL polling forever.
+func TestConnectIsBoundedByNCCLGoTimeout(t *testing.T) {
+	tr, _, h := listenWithTimeout(t)
+	err := pollForError(t, "connect", func() (any, error) { return tr.Connect(0, &h, nccl.ConnectOptions{}) })
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
 	assert.Contains(t, err.Error(), "did not accept within 300ms (NCCL_GO_TIMEOUT)")
 	assert.Zero(t, tr.pending.Len(), "a failed connect releases its attempt")
@@ -305,13 +312,7 @@ func TestConnectIsBoundedByNCCLGoTimeout(t *testing.T) {
 // A claim that never turns into a proof (the connector is alive but stuck
 // mid-handshake) fails the accept after NCCL_GO_TIMEOUT.
 func TestAcceptOfAStuckHandshakeIsBounded(t *testing.T) {
-	shmDir(t)
-	t.Setenv("NCCL_GO_TIMEOUT", "0.3")
-	tr := newTransport(t)
-	var h nccl.Handle
-	l, err := tr.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
+	_, l, h := listenWithTimeout(t)
 	_, _, path, err := decodeHandle(&h)
 	require.NoError(t, err)
 	// Claim the file as a connector would, and stop there.

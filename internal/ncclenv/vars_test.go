@@ -1,34 +1,17 @@
 package ncclenv
 
 import (
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 )
 
-type capture struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (c *capture) Warnf(format string, args ...any) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lines = append(c.lines, fmt.Sprintf(format, args...))
-}
-
-func (c *capture) take() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	l := c.lines
-	c.lines = nil
-	return l
-}
+type capture = testhook.Warnings
 
 func withEnv(t *testing.T, env map[string]string) {
 	t.Helper()
@@ -67,7 +50,7 @@ func TestIntVar(t *testing.T) {
 	} {
 		withEnv(t, map[string]string{"NCCL_GO_TEST_INT": c.val})
 		assert.Equal(t, c.want, tInt.Get(log), c.val)
-		got := log.take()
+		got := log.Take()
 		if c.warn == "" {
 			assert.Empty(t, got, c.val)
 		} else {
@@ -76,12 +59,12 @@ func TestIntVar(t *testing.T) {
 	}
 	withEnv(t, map[string]string{"NCCL_GO_TEST_CLAMP": "500"})
 	assert.Equal(t, int64(128), tClamp.Get(log))
-	assert.Equal(t, []string{"NET/GoTest : ignoring NCCL_GO_TEST_CLAMP=500: must be in [1, 128]; using 128"}, log.take())
+	assert.Equal(t, []string{"NET/GoTest : ignoring NCCL_GO_TEST_CLAMP=500: must be in [1, 128]; using 128"}, log.Take())
 	assert.Equal(t, int64(1), tClamp.Default())
 	// GetFor: the WARN carries the reader's prefix.
 	withEnv(t, map[string]string{"NCCL_GO_TEST_INT": "x"})
 	tInt.GetFor(log, "NET/GoIB")
-	assert.True(t, strings.HasPrefix(log.take()[0], "NET/GoIB : ignoring NCCL_GO_TEST_INT=x"))
+	assert.True(t, strings.HasPrefix(log.Take()[0], "NET/GoIB : ignoring NCCL_GO_TEST_INT=x"))
 	// A nil logger drops the WARN, the value is still the default.
 	assert.Equal(t, int64(16384), tInt.Get(nil))
 }
@@ -96,7 +79,7 @@ func TestOtherVars(t *testing.T) {
 	assert.False(t, tBool.Get(log))
 	assert.Equal(t, 250*time.Millisecond, tDur.Get(log))
 	assert.Equal(t, 100*time.Millisecond, tDurC.Get(log))
-	assert.Equal(t, []string{"NET/GoTest : ignoring NCCL_GO_TEST_DURC=10ms: must be in [100ms, 1h0m0s]; using 100ms"}, log.take())
+	assert.Equal(t, []string{"NET/GoTest : ignoring NCCL_GO_TEST_DURC=10ms: must be in [100ms, 1h0m0s]; using 100ms"}, log.Take())
 	assert.Equal(t, IPv6, tFam.Get(log))
 	assert.Equal(t, "/tmp/x", tStr.Get())
 	assert.True(t, tStr.IsSet())
@@ -110,7 +93,7 @@ func TestOtherVars(t *testing.T) {
 	assert.Equal(t, AnyFamily, tFam.Get(log))
 	assert.Equal(t, "/dev/shm", tStr.Get())
 	assert.False(t, tStr.IsSet())
-	warns := log.take()
+	warns := log.Take()
 	require.Len(t, warns, 4)
 	assert.Contains(t, warns[0], "NCCL_GO_TEST_MAGIC=-1")
 	assert.Contains(t, warns[0], "using the default 0x564ab9f2fc4b9d6c")
@@ -129,7 +112,7 @@ func TestListVar(t *testing.T) {
 	l, set := tList.Get(log)
 	assert.True(t, set)
 	assert.Equal(t, List{Exclude: true, Exact: true, Entries: []Entry{{"eth0", 0, -1, -1}}}, l)
-	assert.Equal(t, []string{`NET/GoTest : NCCL_GO_TEST_LIST=^=eth0:x: port "x" in entry "eth0:x" is not a decimal number; NCCL reads it as 0`}, log.take())
+	assert.Equal(t, []string{`NET/GoTest : NCCL_GO_TEST_LIST=^=eth0:x: port "x" in entry "eth0:x" is not a decimal number; NCCL reads it as 0`}, log.Take())
 }
 
 func TestRegistry(t *testing.T) {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,24 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 )
 
-type capture struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (c *capture) Warnf(format string, args ...any) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.lines = append(c.lines, fmt.Sprintf(format, args...))
-}
-
-func (c *capture) String() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return strings.Join(c.lines, "\n")
-}
+type capture = testhook.Warnings
 
 func withEnv(t *testing.T, env map[string]string) {
 	t.Helper()

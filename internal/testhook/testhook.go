@@ -9,7 +9,12 @@
 // them. Tests that Set a hook must not run in parallel with tests reading it.
 package testhook
 
-import "sync/atomic"
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
 
 // Hook holds a replaceable value of type T.
 type Hook[T any] struct {
@@ -41,4 +46,34 @@ func (h *Hook[T]) Set(t TB, v T) {
 	prev := h.cur.Load()
 	h.cur.Store(&v)
 	t.Cleanup(func() { h.cur.Store(prev) })
+}
+
+// Warnings is a logger for tests that records WARN lines (it satisfies
+// ncclenv.Logger and the Warnf half of nccl.Logger).
+type Warnings struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// Warnf records one line.
+func (w *Warnings) Warnf(format string, args ...any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lines = append(w.lines, fmt.Sprintf(format, args...))
+}
+
+// Take returns the lines recorded since the last Take.
+func (w *Warnings) Take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l := w.lines
+	w.lines = nil
+	return l
+}
+
+// String is every line recorded and not yet taken, one per line.
+func (w *Warnings) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return strings.Join(w.lines, "\n")
 }

@@ -1,24 +1,20 @@
 package timeout
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 )
-
-type logs []string
-
-func (l *logs) Warnf(f string, a ...any) { *l = append(*l, fmt.Sprintf(f, a...)) }
 
 func TestReadAndBound(t *testing.T) {
 	env := map[string]string{}
 	ncclenv.SetLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	t.Cleanup(func() { ncclenv.SetLookup(nil) })
-	var l logs
+	var l testhook.Warnings
 	assert.Equal(t, Default, Read(&l, "NET/GoSocket"))
 	env["NCCL_GO_TIMEOUT"] = "20"
 	assert.Equal(t, 20*time.Second, Read(&l, "NET/GoSocket"))
@@ -26,8 +22,9 @@ func TestReadAndBound(t *testing.T) {
 	assert.Equal(t, 1500*time.Millisecond, Read(&l, "NET/GoSocket"))
 	env["NCCL_GO_TIMEOUT"] = "never"
 	assert.Equal(t, Default, Read(&l, "NET/GoShm"))
-	assert.Len(t, l, 1)
-	assert.Contains(t, l[0], "NET/GoShm : ignoring NCCL_GO_TIMEOUT=never")
+	warns := l.Take()
+	assert.Len(t, warns, 1)
+	assert.Contains(t, warns[0], "NET/GoShm : ignoring NCCL_GO_TIMEOUT=never")
 	assert.Equal(t, Default, Bound(0))
 	assert.Equal(t, Default, Bound(-time.Second))
 	assert.Equal(t, time.Second, Bound(time.Second))
