@@ -90,7 +90,6 @@ func (f fuser) MakeVDevice(devs []int) (int, error) {
 	return len(f.vdevs) - 1, nil
 }
 
-
 func env(t *testing.T, kv ...string) {
 	t.Helper()
 	m := map[string]string{}
