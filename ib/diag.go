@@ -37,7 +37,10 @@ func (t *Transport) Explain(d *diag.Transport, initErr error) {
 		}
 	}
 	if oobName != "" {
-		d.Handshake = &diag.Interface{Name: oobName, Address: oobAddr.String(), Up: true, Running: true, Matches: true, Used: true}
+		d.Handshake = &diag.Interface{Name: oobName, Address: oobAddr.String(), Up: true, Running: true, Matches: true, Used: initErr == nil}
+		if initErr != nil {
+			d.Handshake.Why = "chosen, but the transport is not usable"
+		}
 	} else if name, addr, err := findOOBInterface(nccl.DiscardLogger{}); err == nil {
 		d.Handshake = &diag.Interface{Name: name, Address: addr.String(), Up: true, Running: true, Matches: true,
 			Why: "would be used if the transport initialised"}

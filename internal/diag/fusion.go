@@ -225,8 +225,7 @@ func PredictVNICs(t nccl.Transport, devs []Device, sysfsRoot string) (*Fusion, [
 	vm, ok := t.(nccl.VDeviceMaker)
 	f.Supported = ok
 	if !ok {
-		f.Notes = append(f.Notes, "transport "+t.Name()+" cannot fuse devices: the plugin gives NCCL no makeVDevice, so NCCL uses the physical devices")
-		return f, nil
+		return f, nil // the glue hands NCCL a NULL makeVDevice: physical devices only
 	}
 	n := len(devs)
 	if n == 0 {

@@ -1,0 +1,3 @@
+package main
+
+func runEnv(c *cli, args []string) error { return failure{"not built yet"} }

@@ -1,0 +1,3 @@
+package main
+
+func runTop(c *cli, args []string) error { return failure{"not built yet"} }
