@@ -294,4 +294,3 @@ func fmtBytes(n int) string {
 	}
 	return fmt.Sprintf("%d B", n)
 }
-
