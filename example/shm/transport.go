@@ -124,8 +124,6 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		MaxRecvs:     maxRecvs,
 		MaxP2PBytes:  nccl.MaxNetSizeBytes,
 		MaxCollBytes: nccl.MaxCollSize,
-		RailID:       nccl.IDUndef,
-		PlaneID:      nccl.IDUndef,
 	}, nil
 }
 

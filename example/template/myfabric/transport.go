@@ -49,8 +49,6 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		Speed:      100000, // Mbps
 		MaxComms:   65536,
 		MaxRecvs:   1, // raise once Irecv handles grouped receives
-		RailID:     nccl.IDUndef,
-		PlaneID:    nccl.IDUndef,
 	}, nil
 }
 
