@@ -68,8 +68,7 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 	if err != nil {
 		return []diag.Port{{Why: "listing RDMA devices: " + err.Error()}}
 	}
-	spec := nccl.EnvString("NCCL_IB_HCA", "")
-	filter, ferr := parseHCAFilter(spec)
+	filter, spec := readHCAFilter(nccl.DiscardLogger{})
 	gcfg, gerr := readGIDConfig(nccl.DiscardLogger{})
 	var out []diag.Port
 	for _, name := range names {
@@ -105,8 +104,6 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 			}
 			if !pt.Used {
 				switch {
-				case ferr != nil:
-					pt.Why = fmt.Sprintf("NCCL_IB_HCA=%s is malformed: %v", spec, ferr)
 				case !filter.match(name, port):
 					pt.Why = "excluded by NCCL_IB_HCA=" + spec
 				case pa.State != verbs.PortActive:

@@ -2,20 +2,20 @@ package socket
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/diag"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 var _ diag.Explainer = (*Transport)(nil)
 
-// defaultSearch is NCCL's interface search when NCCL_SOCKET_IFNAME is unset:
-// the first list that finds anything wins (findDevices).
-var defaultSearch = []string{"ib", "^docker,lo,virbr", "docker", "lo", "virbr"}
-
 // Explain implements diag.Explainer for `ncclnet-go devices`: each device's
 // address, and every interface of the host with whether NCCL_SOCKET_IFNAME
-// (or NCCL's default search) selects it and why it is or is not used.
+// (or the step of NCCL's default search that chose) selects it and why it is
+// or is not used.
 func (t *Transport) Explain(d *diag.Transport, initErr error) {
 	t.mu.Lock()
 	devs := append([]device(nil), t.devs...)
@@ -34,39 +34,57 @@ func (t *Transport) Explain(d *diag.Transport, initErr error) {
 		d.Notes = append(d.Notes, "listing network interfaces: "+err.Error())
 		return
 	}
-	fam := family(nccl.DiscardLogger{})
-	list, rule := "", ""
-	if v, ok := nccl.LookupEnv(envIfname); ok && len(v) > 1 {
-		list, rule = v, envIfname+"="+v
-	} else {
-		for _, l := range defaultSearch {
-			if len(findIfaces(ifs, l, fam, maxIfs)) > 0 {
-				list, rule = l, "NCCL's default search step "+l
-				break
-			}
-		}
-		d.Notes = append(d.Notes, "NCCL_SOCKET_IFNAME is unset: NCCL's default search takes ib*, else any interface but docker*/lo/virbr*, else docker*, else lo, else virbr*")
+	// The same selection Init made, to learn which rule chose and what it
+	// matched.
+	found, how := ncclsock.Find(ifs, ncclsock.Options{Max: ncclenv.MaxIfs, Log: nccl.DiscardLogger{}, Prefix: logPrefix})
+	rule, selects := ruleOf(how, found)
+	if !strings.HasPrefix(how, ncclsock.IfName.Name()) {
+		d.Notes = append(d.Notes, "NCCL_SOCKET_IFNAME is unset: NCCL's default search takes ib*, else the interface in NCCL_COMM_ID's subnet, else any interface but docker*/lo*/virbr*, else docker*, else lo*, else virbr*")
 	}
-	matched := findIfaces(ifs, list, fam, maxIfs)
+	fam := family(nccl.DiscardLogger{})
 	for _, it := range ifs {
-		x := diag.Interface{Name: it.Name, Up: it.Up, Running: it.Running}
+		x := diag.Interface{Name: it.Name, Up: it.Up, Running: it.Running, Matches: selects(it.Name)}
 		for _, a := range it.Addrs {
-			x.Addrs = append(x.Addrs, a.String())
+			x.Addrs = append(x.Addrs, a.Addr().String())
 		}
-		x.Matches = list != "" && parseIfList(list).match(it.Name)
 		for i, dev := range devs {
 			if dev.name == it.Name {
 				x.Used, x.Address, x.DeviceIndex = true, dev.addr.String(), &i
 			}
 		}
 		if !x.Used {
-			x.Why = whyNotUsed(it, x.Matches, rule, matched, fam, initErr)
+			x.Why = whyNotUsed(it, x.Matches, rule, found, fam, initErr)
 		}
 		d.Interfaces = append(d.Interfaces, x)
 	}
 }
 
-func whyNotUsed(it Iface, matches bool, rule string, matched []device, fam int, initErr error) string {
+// ruleOf turns ncclsock.Find's "how" into the rule's name and a predicate
+// for the interfaces it selects.
+func ruleOf(how string, found []ncclsock.Device) (string, func(string) bool) {
+	inFound := func(name string) bool {
+		for _, f := range found {
+			if f.Name == name {
+				return true
+			}
+		}
+		return false
+	}
+	if v, ok := strings.CutPrefix(how, ncclsock.IfName.Name()+"="); ok {
+		l, _ := ncclenv.ParseList(v, ncclenv.MaxIfs)
+		return how, func(name string) bool { return l.Match(name, -1) }
+	}
+	if inner, ok := strings.CutPrefix(how, "default search ("); ok && !strings.HasPrefix(inner, "subnet") {
+		l, _ := ncclenv.ParseList(strings.TrimSuffix(inner, ")"), ncclenv.MaxIfs)
+		return "NCCL's " + how, func(name string) bool { return l.Match(name, -1) }
+	}
+	if len(found) == 0 {
+		return "", func(string) bool { return false }
+	}
+	return "NCCL's " + how, inFound
+}
+
+func whyNotUsed(it Iface, matches bool, rule string, matched []ncclsock.Device, fam int, initErr error) string {
 	switch {
 	case !it.Up:
 		return "down"
@@ -78,20 +96,20 @@ func whyNotUsed(it Iface, matches bool, rule string, matched []device, fam int, 
 		return "not selected by " + rule
 	}
 	for _, m := range matched {
-		if m.name == it.Name {
+		if m.Name == it.Name {
 			if initErr != nil {
 				return "selected, but the transport is not usable: " + initErr.Error()
 			}
 			return "selected, but the transport did not take it"
 		}
 	}
-	if len(matched) == maxIfs {
-		return fmt.Sprintf("selected, but NCCL uses at most %d interfaces", maxIfs)
+	if len(matched) == ncclenv.MaxIfs {
+		return fmt.Sprintf("selected, but NCCL uses at most %d interfaces", ncclenv.MaxIfs)
 	}
-	switch fam {
-	case 4:
+	switch ncclenv.Family(fam) {
+	case ncclenv.IPv4:
 		return "no IPv4 address (NCCL_SOCKET_FAMILY=AF_INET)"
-	case 6:
+	case ncclenv.IPv6:
 		return "no usable IPv6 address (NCCL_SOCKET_FAMILY=AF_INET6)"
 	}
 	return "no usable address (IPv6 loopback is skipped)"

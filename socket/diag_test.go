@@ -18,14 +18,19 @@ func (f diagIfaces) Interfaces() ([]Iface, error) { return f, nil }
 func diagIf(name string, up, running bool, addrs ...string) Iface {
 	i := Iface{Name: name, Up: up, Running: running}
 	for _, a := range addrs {
-		i.Addrs = append(i.Addrs, netip.MustParseAddr(a))
+		if pf, err := netip.ParsePrefix(a); err == nil {
+			i.Addrs = append(i.Addrs, pf)
+			continue
+		}
+		p := netip.MustParseAddr(a)
+		i.Addrs = append(i.Addrs, netip.PrefixFrom(p, p.BitLen()))
 	}
 	return i
 }
 
 var diagHost = diagIfaces{
 	diagIf("lo", true, true, "127.0.0.1", "::1"),
-	diagIf("eth0", true, true, "10.0.0.2"),
+	diagIf("eth0", true, true, "10.0.0.2/24"),
 	diagIf("eth1", false, false, "10.0.1.2"),
 	diagIf("eth2", true, false, "10.0.2.2"),
 	diagIf("docker0", true, true, "172.17.0.1"),
@@ -66,9 +71,9 @@ func TestExplainDefaultSearch(t *testing.T) {
 	assert.True(t, eth0.Matches)
 	require.NotNil(t, eth0.DeviceIndex)
 	assert.Equal(t, 0, *eth0.DeviceIndex)
-	assert.Equal(t, "not selected by NCCL's default search step ^docker,lo,virbr", ifaceByName(d, "lo").Why)
+	assert.Equal(t, "not selected by NCCL's default search (^docker,lo,virbr)", ifaceByName(d, "lo").Why)
 	assert.Equal(t, []string{"127.0.0.1", "::1"}, ifaceByName(d, "lo").Addrs)
-	assert.Equal(t, "not selected by NCCL's default search step ^docker,lo,virbr", ifaceByName(d, "docker0").Why)
+	assert.Equal(t, "not selected by NCCL's default search (^docker,lo,virbr)", ifaceByName(d, "docker0").Why)
 	assert.Equal(t, "down", ifaceByName(d, "eth1").Why)
 	assert.Equal(t, "up but not RUNNING (no carrier)", ifaceByName(d, "eth2").Why)
 	require.NotNil(t, d.Fusion)
@@ -94,4 +99,11 @@ func TestExplainFamilyFilter(t *testing.T) {
 	assert.True(t, ifaceByName(d, "lo").Used)
 	assert.Equal(t, "127.0.0.1", ifaceByName(d, "lo").Address)
 	assert.Equal(t, "not selected by NCCL_SOCKET_IFNAME=lo", ifaceByName(d, "eth0").Why)
+}
+
+func TestExplainCommIDSubnet(t *testing.T) {
+	d := diagnoseSocket(t, "NCCL_COMM_ID", "10.0.0.9:29500")
+	require.True(t, d.Usable, d.Reason)
+	assert.True(t, ifaceByName(d, "eth0").Used)
+	assert.Equal(t, "not selected by NCCL's default search (subnet of NCCL_COMM_ID=10.0.0.9:29500)", ifaceByName(d, "docker0").Why)
 }

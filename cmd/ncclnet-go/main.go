@@ -16,8 +16,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"strings"
+	"syscall"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -77,7 +79,16 @@ func main() {
 		debug.SetTraceback("none")
 	}
 	exe, _ := os.Executable()
-	os.Exit(run(os.Args[1:], &cli{stdout: os.Stdout, stderr: os.Stderr, exe: exe}))
+	interrupt := make(chan struct{})
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		close(interrupt)
+		<-sig
+		os.Exit(130) // a second Ctrl-C does not wait
+	}()
+	os.Exit(run(os.Args[1:], &cli{stdout: os.Stdout, stderr: os.Stderr, exe: exe, interrupt: interrupt}))
 }
 
 func run(args []string, c *cli) (status int) {

@@ -109,7 +109,7 @@ func TestDecideFallsBackLikeTheGlue(t *testing.T) {
 	fin := 0
 	var explained []error
 	ib := &fakeTransport{name: "ib", initErr: fmt.Errorf("%w: libibverbs.so.1 reports no RDMA devices", nccl.ErrNoDevice), explained: &explained}
-	sock := &fakeTransport{name: "socket", devs: []nccl.Properties{{Name: "eth0", Speed: 25000, RailID: nccl.IDUndef}}, finalized: &fin, explained: &explained}
+	sock := &fakeTransport{name: "socket", devs: []nccl.Properties{{Name: "eth0", Speed: 25000}}, finalized: &fin, explained: &explained}
 	r := Diagnose([]nccl.Registration{reg("ib", 10, ib), reg("socket", 100, sock)}, Options{SysfsRoot: t.TempDir()})
 	require.Len(t, r.Transports, 2)
 	assert.Equal(t, "socket", r.Transport)
@@ -235,10 +235,10 @@ func TestMergeLevelReadsLikeNCCL(t *testing.T) {
 func dualPort() *fakeTransport {
 	const sw = "/sys/devices/pci0000:00/0000:00:01.0"
 	return &fakeTransport{name: "ib", devs: []nccl.Properties{
-		{Name: "mlx5_0", Port: 1, PCIPath: sw + "/0000:01:00.0", RailID: nccl.IDUndef},
-		{Name: "mlx5_0", Port: 2, PCIPath: sw + "/0000:01:00.0", RailID: nccl.IDUndef},
-		{Name: "mlx5_1", Port: 1, PCIPath: sw + "/0000:02:00.0", RailID: nccl.IDUndef},
-		{Name: "mlx5_2", Port: 1, PCIPath: "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", RailID: nccl.IDUndef},
+		{Name: "mlx5_0", Port: 1, PCIPath: sw + "/0000:01:00.0"},
+		{Name: "mlx5_0", Port: 2, PCIPath: sw + "/0000:01:00.0"},
+		{Name: "mlx5_1", Port: 1, PCIPath: sw + "/0000:02:00.0"},
+		{Name: "mlx5_2", Port: 1, PCIPath: "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0"},
 	}}
 }
 
@@ -328,9 +328,4 @@ func TestPredictVNICsForceMerge(t *testing.T) {
 	env(t, "NCCL_NET_FORCE_MERGE", "mlx5", "NCCL_NET_MERGE_LEVEL", "LOC")
 	fu, _ = fuse(t, dualPort())
 	assert.Contains(t, fu.Error, "matches 0 device(s)", "force-merge names are exact, not prefixes")
-}
-
-func TestParseStringListIsNCCLs(t *testing.T) {
-	assert.Equal(t, []ifEntry{{"mlx5_0", 1}, {"mlx5_1", -1}, {"x", 0}}, parseStringList("mlx5_0:1,,mlx5_1,x:y", 8))
-	assert.Len(t, parseStringList("a,b,c,d,e", 4), 4)
 }

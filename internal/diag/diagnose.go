@@ -189,8 +189,7 @@ func FromProperties(idx int, p nccl.Properties) Device {
 			d.Memory = append(d.Memory, k.name)
 		}
 	}
-	if p.RailID != nccl.IDUndef {
-		r := int(p.RailID)
+	if r, ok := p.RailID.Get(); ok {
 		d.RailID = &r
 	}
 	if len(p.VDevs) > 1 || len(p.VDevs) == 1 && p.VDevs[0] != idx {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -148,58 +149,6 @@ func numaReader(root string) func(string) int {
 	}
 }
 
-// ifEntry is one entry of NCCL's parseStringList.
-type ifEntry struct {
-	name string
-	port int // -1: any
-}
-
-// parseStringList is NCCL's: entries separated by ',', an entry's ":<port>"
-// read with atoi, empty entries dropped, at most max entries.
-func parseStringList(s string, max int) []ifEntry {
-	var out []ifEntry
-	for _, e := range strings.Split(s, ",") {
-		if len(out) == max {
-			break
-		}
-		port := -1
-		if i := strings.IndexByte(e, ':'); i >= 0 {
-			port = atoi(e[i+1:])
-			e = e[:i]
-		}
-		if e != "" {
-			out = append(out, ifEntry{e, port})
-		}
-	}
-	return out
-}
-
-// atoi is C's: leading digits, 0 when there are none.
-func atoi(s string) int {
-	n, i := 0, 0
-	neg := false
-	if i < len(s) && (s[i] == '-' || s[i] == '+') {
-		neg = s[i] == '-'
-		i++
-	}
-	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
-		n = n*10 + int(s[i]-'0')
-	}
-	if neg {
-		return -n
-	}
-	return n
-}
-
-func matchExact(l []ifEntry, name string, port int) bool {
-	for _, e := range l {
-		if e.name == name && (e.port == -1 || port == -1 || e.port == port) {
-			return true
-		}
-	}
-	return false
-}
-
 // PredictVNICs replays NCCL's ncclTopoMakeVNics for the physical devices of
 // t (described by devs): NCCL_NET_FORCE_MERGE groups first, then automatic
 // fusion of devices at most NCCL_NET_MERGE_LEVEL apart, calling the
@@ -261,19 +210,25 @@ func PredictVNICs(t nccl.Transport, devs []Device, sysfsRoot string) (*Fusion, [
 			if group == "" {
 				continue // strtok_r skips empty tokens
 			}
-			want := parseStringList(group, f.MaxPerNIC)
-			if len(want) == 0 {
-				f.Error = fmt.Sprintf("NCCL_NET_FORCE_MERGE group %q names no device: NCCL cannot parse it", group)
+			// NCCL parses a group with parseStringList, which knows no '^'
+			// or '=' (they would be part of a name), and matches names exactly.
+			want, _ := ncclenv.ParseList(group, f.MaxPerNIC)
+			if group[0] == '^' || group[0] == '=' {
+				want = ncclenv.List{}
+			}
+			want.Exact, want.Exclude = true, false
+			if len(want.Entries) == 0 {
+				f.Error = fmt.Sprintf("NCCL_NET_FORCE_MERGE group %q names no device NCCL can parse: it matches nothing", group)
 				return f, added
 			}
 			var members []int
 			for d := 0; d < n; d++ {
-				if matchExact(want, devs[d].Name, devs[d].Port) {
+				if want.Match(devs[d].Name, devs[d].Port) {
 					members = append(members, d)
 				}
 			}
-			if len(members) != len(want) {
-				f.Error = fmt.Sprintf("NCCL_NET_FORCE_MERGE group %q matches %d device(s), %d requested: NCCL fails with ncclInvalidUsage", group, len(members), len(want))
+			if len(members) != len(want.Entries) {
+				f.Error = fmt.Sprintf("NCCL_NET_FORCE_MERGE group %q matches %d device(s), %d requested: NCCL fails with ncclInvalidUsage", group, len(members), len(want.Entries))
 				return f, added
 			}
 			if len(members) == 1 {
