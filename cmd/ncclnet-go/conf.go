@@ -27,8 +27,17 @@ var (
 		}
 		return ""
 	}
-	// environ is the process environment (tests replace it).
-	environ = func(name string) (string, bool) { return os.LookupEnv(name) }
+	// environ and environNames are the process environment (tests replace
+	// them).
+	environ      = os.LookupEnv
+	environNames = func() []string {
+		var n []string
+		for _, kv := range os.Environ() {
+			name, _, _ := strings.Cut(kv, "=")
+			n = append(n, name)
+		}
+		return n
+	}
 )
 
 // srcEnv is the source of a value taken from the process environment.
