@@ -10,13 +10,14 @@
  *
  *   ncclnet-go-selftest run  --plugin NAME|PATH [--version V] [--size BYTES] [--iters N]
  *                            [--lat-size BYTES] [--lat-iters N] [--timeout SEC]
- *   ncclnet-go-selftest load --plugin NAME|PATH --duration SEC [--size BYTES]
+ *   ncclnet-go-selftest load --plugin NAME|PATH --duration SEC [--size BYTES] [--pause SEC]
  *                            [--idle] [--stall SEC] [--inject-error] [--timeout SEC]
  *
  * `load` keeps a pair busy (or, with --idle, connected and silent) for a while
  * so that metrics, dashboards and alerts can be checked against a live plugin:
- * --stall holds one receive posted SEC seconds before its send comes, and
- * --inject-error has the plugin refuse one malformed irecv.
+ * rounds of 8 verified messages, --pause SEC apart; --stall holds one receive
+ * posted SEC seconds before its send comes, and --inject-error has the plugin
+ * refuse one malformed irecv.
  *
  * Output (stdout, one line): "result=pass key=value ..." or
  * "result=fail rank=R where=STEP reason=TEXT" (reason runs to the end of the
@@ -50,6 +51,7 @@ typedef struct {
   double duration;
   int idle;
   double stall;
+  double pause;
   int inject_error;
 } st_opts_t;
 
@@ -307,6 +309,7 @@ static int load_traffic(rank_t* r, net_t* n, link_t* l, const st_opts_t* o, uint
     }
     seq += WINDOW;
     *msgs += WINDOW;
+    if (sender && o->pause > 0) sleep_ms((int)(o->pause * 1000));
   }
 }
 
@@ -420,8 +423,8 @@ static void usage(FILE* f) {
           "usage:\n"
           "  ncclnet-go-selftest run  --plugin NAME|PATH [--version V] [--size BYTES] [--iters N]\n"
           "                           [--lat-size BYTES] [--lat-iters N] [--timeout SEC]\n"
-          "  ncclnet-go-selftest load --plugin NAME|PATH --duration SEC [--size BYTES] [--idle]\n"
-          "                           [--stall SEC] [--inject-error] [--timeout SEC]\n"
+          "  ncclnet-go-selftest load --plugin NAME|PATH --duration SEC [--size BYTES] [--pause SEC]\n"
+          "                           [--idle] [--stall SEC] [--inject-error] [--timeout SEC]\n"
           "Normally run by `ncclnet-go selftest`; see its --help.\n");
 }
 
@@ -486,6 +489,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(a, "--stall")) {
       if (num(a, v, 0, 3600, &d)) return 2;
       o.stall = d;
+    } else if (!strcmp(a, "--pause")) {
+      if (num(a, v, 0, 60, &d)) return 2;
+      o.pause = d;
     } else {
       fprintf(stderr, "ncclnet-go-selftest: unknown argument \"%s\" (see --help)\n", a);
       return 2;
