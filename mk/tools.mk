@@ -27,11 +27,12 @@ TOOLS_GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' -not -pat
 all: tools
 tools: $(TOOLS_CMD) $(TOOLS_HELPER)
 
-# PIE and the plugin's version, so that `ncclnet-go --version` and the
+# PIE, full RELRO, and the plugin's version, so that `ncclnet-go --version` and the
 # library's init line agree.
-$(TOOLS_CMD): $(TOOLS_GO_SOURCES) $(wildcard plugin/*.c plugin/*.h) | deps-build
+$(TOOLS_CMD): $(TOOLS_GO_SOURCES) $(wildcard plugin/*.c plugin/*.h) mk/tools.mk | deps-build
 	@mkdir -p $(dir $@)
-	CGO_ENABLED=1 $(GO) build -trimpath -buildmode=pie -ldflags "-X main.version=$(NCCLNET_VERSION)" -o $@ ./cmd/ncclnet-go
+	CGO_ENABLED=1 CGO_CFLAGS="$${CGO_CFLAGS:--O2 -g} -D_FORTIFY_SOURCE=2 -fstack-protector-strong" $(GO) build -trimpath -buildmode=pie \
+		-ldflags "-X main.version=$(NCCLNET_VERSION) -extldflags '-Wl,-z,relro -Wl,-z,now'" -o $@ ./cmd/ncclnet-go
 
 $(TOOLS_HELPER): $(TOOLS_HELPER_SRCS) $(HARNESS_HDRS) mk/tools.mk
 	@mkdir -p $(dir $@)
