@@ -14,16 +14,6 @@ import (
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-func diagEnv(t *testing.T, kv ...string) {
-	t.Helper()
-	m := map[string]string{"NCCL_SOCKET_IFNAME": "lo"}
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
-}
-
 func diagnoseFabric(t *testing.T, f *softnic.Fabric) diag.Transport {
 	t.Helper()
 	root := t.TempDir()
@@ -49,7 +39,7 @@ func TestExplainPortsUsedAndSkipped(t *testing.T) {
 	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0", Ports: 2})
 	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1"}).SetPortState(1, verbs.PortDown)
 	f.AddDevice(softnic.DeviceConfig{Name: "roce0", LinkLayer: verbs.LinkEthernet})
-	diagEnv(t, "NCCL_IB_HCA", "^mlx5_0:2")
+	setEnv(t, "NCCL_IB_HCA", "^mlx5_0:2")
 	d := diagnoseFabric(t, f)
 	require.True(t, d.Usable, d.Reason)
 
@@ -97,7 +87,7 @@ func TestExplainPortsUsedAndSkipped(t *testing.T) {
 func TestExplainForcedGIDIndexOutOfRange(t *testing.T) {
 	f := softnic.NewFabric()
 	f.AddDevice(softnic.DeviceConfig{Name: "roce0", LinkLayer: verbs.LinkEthernet})
-	diagEnv(t, "NCCL_IB_GID_INDEX", "9")
+	setEnv(t, "NCCL_IB_GID_INDEX", "9")
 	d := diagnoseFabric(t, f)
 	assert.False(t, d.Usable)
 	assert.Contains(t, d.Reason, "no ACTIVE IB or RoCE port")
@@ -108,7 +98,7 @@ func TestExplainForcedGIDIndexOutOfRange(t *testing.T) {
 func TestExplainQualifyingPortOfUnusableTransport(t *testing.T) {
 	f := softnic.NewFabric()
 	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0"})
-	diagEnv(t, "NCCL_SOCKET_IFNAME", "=nosuchif0")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "=nosuchif0")
 	d := diagnoseFabric(t, f)
 	assert.False(t, d.Usable)
 	assert.Contains(t, d.Reason, "no interface for the IB out-of-band handshake")
@@ -118,7 +108,7 @@ func TestExplainQualifyingPortOfUnusableTransport(t *testing.T) {
 }
 
 func TestExplainDisabledListsSysfsPorts(t *testing.T) {
-	diagEnv(t, "NCCL_IB_DISABLE", "1")
+	setEnv(t, "NCCL_IB_DISABLE", "1")
 	root := filepath.Join("sysfs", "testdata", "sys")
 	r := diag.Diagnose([]nccl.Registration{{Name: "ib", Priority: 10, New: func() nccl.Transport {
 		return NewWithOptions(Options{SysfsRoot: root})

@@ -76,3 +76,6 @@ APT_PACKAGES += prometheus lintian dpkg-dev jq
 # test-prometheus (mk/metrics.mk) also checks the dashboard and the alerting
 # rules against a live plugin, with the command and the helper built here.
 test-prometheus: $(TOOLS_CMD) $(TOOLS_HELPER)
+# The Soft-RoCE lane runs ncclnet-go devices and selftest over rxe0
+# (scripts/rdma/lane.sh).
+test-rdma: $(TOOLS_CMD) $(TOOLS_HELPER)

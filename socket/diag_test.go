@@ -42,8 +42,7 @@ func diagnoseSocket(t *testing.T, kv ...string) diag.Transport {
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
-	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	withEnv(t, m)
 	r := diag.Diagnose([]nccl.Registration{{Name: "socket", Priority: 100, New: func() nccl.Transport {
 		return &Transport{ifaces: diagHost, sysRoot: "testdata/sys"}
 	}}}, diag.Options{})

@@ -156,13 +156,11 @@ func (c *ncclConf) environment(base []string) []string {
 	return out
 }
 
-// problems lists configuration files that exist but cannot be read.
-func (c *ncclConf) problems() []string {
-	var p []string
+// warnProblems says which configuration files exist but cannot be read.
+func (c *ncclConf) warnProblems(cl *cli, cmd string) {
 	for _, f := range c.files {
 		if f.err != nil {
-			p = append(p, fmt.Sprintf("cannot read %s: %v (NCCL skips it too)", f.path, f.err))
+			fmt.Fprintf(cl.stderr, "ncclnet-go %s: cannot read %s: %v (NCCL skips it too)\n", cmd, f.path, f.err)
 		}
 	}
-	return p
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -38,13 +37,9 @@ see inside NCCL: the environment, then NCCL_CONF_FILE or ~/.nccl.conf, then
 	conf.install()
 	defer nccl.SetEnvLookup(nil)
 	r := diag.Diagnose(nccl.Transports(), diag.Options{SysfsRoot: sysfsRoot})
-	for _, p := range conf.problems() {
-		fmt.Fprintf(c.stderr, "ncclnet-go devices: %s\n", p)
-	}
+	conf.warnProblems(c, "devices")
 	if *asJSON {
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
+		if err := printJSON(c.stdout, r); err != nil {
 			return err
 		}
 	} else {
@@ -142,28 +137,39 @@ func devName(name string, port int) string {
 	return name
 }
 
+// linkFacts formats what a device and a port have in common.
+func linkFacts(ll, state string, mtu, mbps int, gidIdx *int, gid string, roce int, netdev string) []string {
+	var f []string
+	for _, s := range []string{ll, state} {
+		if s != "" {
+			f = append(f, s)
+		}
+	}
+	if mtu > 0 {
+		f = append(f, fmt.Sprintf("MTU %d", mtu))
+	}
+	if mbps > 0 {
+		f = append(f, fmt.Sprintf("%d Mbps", mbps))
+	}
+	if gidIdx != nil {
+		g := fmt.Sprintf("GID index %d %s", *gidIdx, gid)
+		if roce > 0 {
+			g += fmt.Sprintf(" (RoCE v%d)", roce)
+		}
+		f = append(f, g)
+	}
+	if netdev != "" {
+		f = append(f, "netdev "+netdev)
+	}
+	return f
+}
+
 func deviceLine(d diag.Device) string {
 	f := []string{fmt.Sprintf("[%d] %s", d.Index, devName(d.Name, d.Port))}
 	if d.Virtual {
 		f = append(f, fmt.Sprintf("virtual NIC of devices %v", d.Members))
 	}
-	if d.LinkLayer != "" {
-		f = append(f, d.LinkLayer, d.State)
-	}
-	if d.MTU > 0 {
-		f = append(f, fmt.Sprintf("MTU %d", d.MTU))
-	}
-	f = append(f, fmt.Sprintf("%d Mbps", d.SpeedMbps))
-	if d.GIDIndex != nil {
-		g := fmt.Sprintf("GID index %d %s", *d.GIDIndex, d.GID)
-		if d.RoCEVersion > 0 {
-			g += fmt.Sprintf(" (RoCE v%d)", d.RoCEVersion)
-		}
-		f = append(f, g)
-	}
-	if d.NetDev != "" {
-		f = append(f, "netdev "+d.NetDev)
-	}
+	f = append(f, linkFacts(d.LinkLayer, d.State, d.MTU, d.SpeedMbps, d.GIDIndex, d.GID, d.RoCEVersion, d.NetDev)...)
 	if d.Address != "" {
 		f = append(f, "address "+d.Address)
 	}
@@ -180,29 +186,8 @@ func portLine(p diag.Port) string {
 	if p.Port == 0 && p.State == "" {
 		return devName(p.Device, p.Port) + ": " + p.Why
 	}
-	f := []string{devName(p.Device, p.Port)}
-	if p.LinkLayer != "" {
-		f = append(f, p.LinkLayer)
-	}
-	if p.State != "" {
-		f = append(f, p.State)
-	}
-	if p.MTU > 0 {
-		f = append(f, fmt.Sprintf("MTU %d", p.MTU))
-	}
-	if p.SpeedMbps > 0 {
-		f = append(f, fmt.Sprintf("%d Mbps", p.SpeedMbps))
-	}
-	if p.GIDIndex != nil {
-		g := fmt.Sprintf("GID index %d %s", *p.GIDIndex, p.GID)
-		if p.RoCEVersion > 0 {
-			g += fmt.Sprintf(" (RoCE v%d)", p.RoCEVersion)
-		}
-		f = append(f, g)
-	}
-	if p.NetDev != "" {
-		f = append(f, "netdev "+p.NetDev)
-	}
+	f := append([]string{devName(p.Device, p.Port)},
+		linkFacts(p.LinkLayer, p.State, p.MTU, p.SpeedMbps, p.GIDIndex, p.GID, p.RoCEVersion, p.NetDev)...)
 	if p.PCIPath != "" {
 		f = append(f, "pci "+p.PCIPath)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -72,13 +71,9 @@ may read them).`)
 	}
 	conf := loadConf()
 	r := buildEnvReport(conf, *onlySet)
-	for _, p := range conf.problems() {
-		fmt.Fprintf(c.stderr, "ncclnet-go env: %s\n", p)
-	}
+	conf.warnProblems(c, "env")
 	if *asJSON {
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(r); err != nil {
+		if err := printJSON(c.stdout, r); err != nil {
 			return err
 		}
 	} else {

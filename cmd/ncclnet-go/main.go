@@ -12,6 +12,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -160,6 +161,13 @@ func printUsage(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\n  ncclnet-go COMMAND --help   flags of one command\n  ncclnet-go --version\n")
 	fmt.Fprintf(w, "\nExit status: 0 success, 1 a failed check, 2 bad usage.\n")
+}
+
+// printJSON writes v as indented JSON.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // oneLine keeps an error message on one line.

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -32,16 +31,16 @@ path (default "go": the installed libnccl-net-go.so). The processes see the
 environment NCCL would give the plugin (NCCL_CONF_FILE or ~/.nccl.conf and
 /etc/nccl.conf fill in unset variables), minus the metrics exposure
 variables: a health check must not take a job's metrics ports.`)
-	transport := fs.String("transport", "", "force a transport (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
-	plugin := fs.String("plugin", "go", "library to load, as NCCL_NET_PLUGIN: a name or a path")
-	size := fs.String("size", "64M", "bytes per message, suffix K, M or G (at most 1G, NCCL's largest message)")
-	iters := fs.Int("iters", 8, "messages each way")
-	latSize := fs.String("lat-size", "8", "bytes per ping-pong message")
-	latIters := fs.Int("lat-iters", 1000, "ping-pong round trips")
-	timeout := fs.Duration("timeout", 120*time.Second, "fail when the test makes no progress for this long")
+	transport := fs.String("transport", "", "force `ib` or socket (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
+	plugin := fs.String("plugin", "go", "library to load, as NCCL_NET_PLUGIN takes it: a `NAME` or a path")
+	size := fs.String("size", "64M", "`BYTES` per message, suffix K, M or G (at most 1G, NCCL's largest message)")
+	iters := fs.Int("iters", 8, "`N` messages each way")
+	latSize := fs.String("lat-size", "8", "`BYTES` per ping-pong message")
+	latIters := fs.Int("lat-iters", 1000, "`N` ping-pong round trips")
+	timeout := fs.Duration("timeout", 120*time.Second, "fail when the whole test takes longer than this `DURATION`")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	verbose := fs.Bool("v", false, "print what the plugin logged even when the test passes")
-	helper := fs.String("helper", "", "path of the "+helperName+" program (default: next to ncclnet-go, or in ../libexec/ncclnet-go)")
+	helper := fs.String("helper", "", "`PATH` of the "+helperName+" program (default: next to ncclnet-go, or in ../libexec/ncclnet-go)")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
@@ -124,9 +123,7 @@ variables: a health check must not take a job's metrics ports.`)
 				out[k] = v
 			}
 		}
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
+		if err := printJSON(c.stdout, out); err != nil {
 			return err
 		}
 	} else {

@@ -34,9 +34,9 @@ ranks), or a URL. Without ADDR: this host's NCCL_GO_METRICS_PORT (default
 9400) and the 7 ports after it, one per local rank. --once takes two scrapes
 --interval apart, prints one table without terminal control codes, and exits
 with status 1 if no endpoint answered.`)
-	interval := fs.Duration("interval", 2*time.Second, "time between refreshes (and between the two scrapes of --once)")
+	interval := fs.Duration("interval", 2*time.Second, "`DURATION` between refreshes (and between the two scrapes of --once)")
 	once := fs.Bool("once", false, "print one table and exit (for scripts and tests)")
-	timeout := fs.Duration("timeout", 2*time.Second, "time allowed for one scrape")
+	timeout := fs.Duration("timeout", 2*time.Second, "`DURATION` allowed for one scrape")
 	pos, err := fs.parseInterleaved(args)
 	if err != nil {
 		return err
