@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
@@ -40,16 +41,7 @@ func (e Env) String(name, def string) string {
 
 // Int returns name as an integer, or def.
 func (e Env) Int(name string, def int64) int64 {
-	v, ok := ncclenv.Value(name)
-	if !ok {
-		return def
-	}
-	n, err := ncclenv.ParseInt(v)
-	if err != nil {
-		e.warnf("ignoring %s=%s: %v; using the default %d", name, v, err, def)
-		return def
-	}
-	return n
+	return read(e, name, def, ncclenv.ParseInt, func(n int64) string { return fmt.Sprint(n) })
 }
 
 // IntIn returns name as an integer in [lo, hi], or def (with a WARN when the
@@ -65,31 +57,29 @@ func (e Env) IntIn(name string, def, lo, hi int64) int64 {
 
 // Bool returns name as a switch, or def.
 func (e Env) Bool(name string, def bool) bool {
-	v, ok := ncclenv.Value(name)
-	if !ok {
-		return def
-	}
-	b, err := ncclenv.ParseBool(v)
-	if err != nil {
-		e.warnf("ignoring %s=%s: %v; using the default %v", name, v, err, def)
-		return def
-	}
-	return b
+	return read(e, name, def, ncclenv.ParseBool, func(b bool) string { return fmt.Sprint(b) })
 }
 
 // Duration returns name as a duration: a bare number in unit (fractions
 // allowed), or Go syntax such as "1.5s".
 func (e Env) Duration(name string, def, unit time.Duration) time.Duration {
+	parse := func(s string) (time.Duration, error) { return ncclenv.ParseDuration(s, unit) }
+	return read(e, name, def, parse, time.Duration.String)
+}
+
+// read is what every typed reader does: unset means def, malformed is a WARN
+// and def.
+func read[T any](e Env, name string, def T, parse func(string) (T, error), show func(T) string) T {
 	v, ok := ncclenv.Value(name)
 	if !ok {
 		return def
 	}
-	d, err := ncclenv.ParseDuration(v, unit)
+	x, err := parse(v)
 	if err != nil {
-		e.warnf("ignoring %s=%s: %v; using the default %v", name, v, err, def)
+		e.warnf("ignoring %s=%s: %v; using the default %s", name, v, err, show(def))
 		return def
 	}
-	return d
+	return x
 }
 
 func (e Env) warnf(format string, args ...any) {

@@ -100,3 +100,9 @@ func TestEnvUsesTheTransportPrefix(t *testing.T) {
 		assert.NotContains(t, l, "NET/Go ")
 	}
 }
+
+func TestInitContextLoggerIsNeverNil(t *testing.T) {
+	assert.Equal(t, DiscardLogger{}, InitContext{}.Logger())
+	w := &WriterLogger{W: io.Discard}
+	assert.Same(t, w, InitContext{Log: w}.Logger())
+}

@@ -38,6 +38,15 @@ type InitContext struct {
 	Log Logger
 }
 
+// Logger is Log, or a Logger that drops everything when there is none (a
+// test's zero InitContext), so a transport never has to check for nil.
+func (c InitContext) Logger() Logger {
+	if c.Log == nil {
+		return DiscardLogger{}
+	}
+	return c.Log
+}
+
 // VDeviceMaker is implemented by transports that can fuse several physical
 // devices into one virtual NIC (NCCL's makeVDevice). It returns the new device's
 // index; Devices grows by one.

@@ -129,20 +129,16 @@ func ParseDuration(s string, unit time.Duration) (time.Duration, error) {
 	return d, nil
 }
 
+var unitNames = map[time.Duration]string{
+	time.Nanosecond: "nanoseconds", time.Microsecond: "microseconds", time.Millisecond: "milliseconds",
+	time.Second: "seconds", time.Minute: "minutes", time.Hour: "hours",
+}
+
 func unitName(u time.Duration) string {
-	switch u {
-	case time.Nanosecond:
-		return "nanoseconds"
-	case time.Microsecond:
-		return "microseconds"
-	case time.Millisecond:
-		return "milliseconds"
-	case time.Second:
-		return "seconds"
-	case time.Minute:
-		return "minutes"
+	if n, ok := unitNames[u]; ok {
+		return n
 	}
-	return u.String() + " units"
+	return "units of " + u.String()
 }
 
 // Family is an IP address family selection.
@@ -154,12 +150,12 @@ const (
 	IPv6      Family = 6
 )
 
+// familyNames are the only spellings NCCL accepts.
+var familyNames = map[Family]string{IPv4: "AF_INET", IPv6: "AF_INET6"}
+
 func (f Family) String() string {
-	switch f {
-	case IPv4:
-		return "AF_INET"
-	case IPv6:
-		return "AF_INET6"
+	if n, ok := familyNames[f]; ok {
+		return n
 	}
 	return "any"
 }
@@ -169,11 +165,10 @@ func (f Family) String() string {
 // nothing in NCCL, and are an error here (the caller WARNs and keeps its
 // default, as NCCL silently does).
 func ParseFamily(s string) (Family, error) {
-	switch s {
-	case "AF_INET":
-		return IPv4, nil
-	case "AF_INET6":
-		return IPv6, nil
+	for f, name := range familyNames {
+		if s == name {
+			return f, nil
+		}
 	}
 	hint := ""
 	switch strings.ToUpper(s) {

@@ -1,6 +1,7 @@
 package ncclenv
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"time"
@@ -95,52 +96,37 @@ func (v *StringVar) Get() string {
 	return v.def
 }
 
-// IntVar is an integer setting read as NCCL reads integers (ParseInt).
-type IntVar struct {
+// scalar is what every single-valued setting shares: parse the value, check
+// its range, WARN and fall back.
+type scalar[T cmp.Ordered] struct {
 	base
-	def            int64
-	lo, hi         int64
+	def            T
+	parse          func(string) (T, error)
+	show           func(T) string
+	lo, hi         T
 	ranged, clamps bool
 }
 
-// Int declares an integer setting.
-func (g *Group) Int(name string, def int64, doc string) *IntVar {
-	return &IntVar{base: g.declare(name, KindInt, strconv.FormatInt(def, 10), doc), def: def}
+func (v *scalar[T]) setBounds(lo, hi T, clamps bool) {
+	v.lo, v.hi, v.ranged, v.clamps = lo, hi, true, clamps
+	v.setRange(fmt.Sprintf("[%s, %s]", v.show(lo), v.show(hi)))
 }
-
-// In makes values outside [lo, hi] a WARN and the default.
-func (v *IntVar) In(lo, hi int64) *IntVar {
-	v.lo, v.hi, v.ranged, v.clamps = lo, hi, true, false
-	v.setRange(fmt.Sprintf("[%d, %d]", lo, hi))
-	return v
-}
-
-// Clamp makes values outside [lo, hi] a WARN and the nearest bound.
-func (v *IntVar) Clamp(lo, hi int64) *IntVar {
-	v.In(lo, hi)
-	v.clamps = true
-	return v
-}
-
-// ShowDefault sets how the registry shows the default (e.g. "auto" for a
-// sentinel value).
-func (v *IntVar) ShowDefault(text string) *IntVar { v.showDefault(text); return v }
 
 // Default is the declared default.
-func (v *IntVar) Default() int64 { return v.def }
+func (v *scalar[T]) Default() T { return v.def }
 
 // Get reads the value, WARNing with the group's prefix.
-func (v *IntVar) Get(log Logger) int64 { return v.GetFor(log, v.g.prefix) }
+func (v *scalar[T]) Get(log Logger) T { return v.GetFor(log, v.g.prefix) }
 
 // GetFor reads the value on behalf of the transport whose prefix is given.
-func (v *IntVar) GetFor(log Logger, prefix string) int64 {
+func (v *scalar[T]) GetFor(log Logger, prefix string) T {
 	s, ok := Value(v.s.Name)
 	if !ok {
 		return v.def
 	}
-	n, err := ParseInt(s)
+	n, err := v.parse(s)
 	if err != nil {
-		warn(log, prefix, "ignoring %s=%s: %v; using the default %d", v.s.Name, s, err, v.def)
+		warn(log, prefix, "ignoring %s=%s: %v; using the default %s", v.s.Name, s, err, v.show(v.def))
 		return v.def
 	}
 	if v.ranged && (n < v.lo || n > v.hi) {
@@ -148,161 +134,93 @@ func (v *IntVar) GetFor(log Logger, prefix string) int64 {
 		if v.clamps {
 			use = min(max(n, v.lo), v.hi)
 		}
-		warn(log, prefix, "ignoring %s=%s: must be in [%d, %d]; using %d", v.s.Name, s, v.lo, v.hi, use)
+		warn(log, prefix, "ignoring %s=%s: must be in [%s, %s]; using %s", v.s.Name, s, v.show(v.lo), v.show(v.hi), v.show(use))
 		return use
 	}
 	return n
 }
 
-// Uint64Var is an unsigned 64-bit setting (NCCL_SOCKET_MAGIC).
-type Uint64Var struct {
-	base
-	def uint64
-}
+// IntVar is an integer setting read as NCCL reads integers (ParseInt).
+type IntVar struct{ scalar[int64] }
 
-// Uint64 declares an unsigned setting, shown in hex.
-func (g *Group) Uint64(name string, def uint64, doc string) *Uint64Var {
-	return &Uint64Var{base: g.declare(name, KindUint64, fmt.Sprintf("%#x", def), doc), def: def}
-}
-
-// Get reads the value, WARNing with the group's prefix.
-func (v *Uint64Var) Get(log Logger) uint64 { return v.GetFor(log, v.g.prefix) }
-
-// GetFor reads the value on behalf of the transport whose prefix is given.
-func (v *Uint64Var) GetFor(log Logger, prefix string) uint64 {
-	s, ok := Value(v.s.Name)
-	if !ok {
-		return v.def
-	}
-	n, err := ParseUint64(s)
-	if err != nil {
-		warn(log, prefix, "ignoring %s=%s: %v; using the default %#x", v.s.Name, s, err, v.def)
-		return v.def
-	}
-	return n
-}
-
-// BoolVar is a switch (ParseBool).
-type BoolVar struct {
-	base
-	def bool
-}
-
-// Bool declares a switch.
-func (g *Group) Bool(name string, def bool, doc string) *BoolVar {
-	d := "0"
-	if def {
-		d = "1"
-	}
-	return &BoolVar{base: g.declare(name, KindBool, d, doc), def: def}
-}
-
-// Get reads the value, WARNing with the group's prefix.
-func (v *BoolVar) Get(log Logger) bool { return v.GetFor(log, v.g.prefix) }
-
-// GetFor reads the value on behalf of the transport whose prefix is given.
-func (v *BoolVar) GetFor(log Logger, prefix string) bool {
-	s, ok := Value(v.s.Name)
-	if !ok {
-		return v.def
-	}
-	b, err := ParseBool(s)
-	if err != nil {
-		d := 0
-		if v.def {
-			d = 1
-		}
-		warn(log, prefix, "ignoring %s=%s: %v; using the default %d", v.s.Name, s, err, d)
-		return v.def
-	}
-	return b
-}
-
-// DurationVar is a duration setting: a bare number in its unit, or a Go
-// duration (ParseDuration).
-type DurationVar struct {
-	base
-	def, unit      time.Duration
-	lo, hi         time.Duration
-	ranged, clamps bool
-}
-
-// Duration declares a duration whose bare numbers are in unit.
-func (g *Group) Duration(name string, def, unit time.Duration, doc string) *DurationVar {
-	return &DurationVar{base: g.declare(name, KindDuration, def.String(), doc), def: def, unit: unit}
+// Int declares an integer setting.
+func (g *Group) Int(name string, def int64, doc string) *IntVar {
+	show := func(n int64) string { return strconv.FormatInt(n, 10) }
+	return &IntVar{scalar[int64]{base: g.declare(name, KindInt, show(def), doc), def: def, parse: ParseInt, show: show}}
 }
 
 // In makes values outside [lo, hi] a WARN and the default.
-func (v *DurationVar) In(lo, hi time.Duration) *DurationVar {
-	v.lo, v.hi, v.ranged, v.clamps = lo, hi, true, false
-	v.setRange(fmt.Sprintf("[%v, %v]", lo, hi))
-	return v
-}
+func (v *IntVar) In(lo, hi int64) *IntVar { v.setBounds(lo, hi, false); return v }
 
 // Clamp makes values outside [lo, hi] a WARN and the nearest bound.
-func (v *DurationVar) Clamp(lo, hi time.Duration) *DurationVar {
-	v.In(lo, hi)
-	v.clamps = true
-	return v
+func (v *IntVar) Clamp(lo, hi int64) *IntVar { v.setBounds(lo, hi, true); return v }
+
+// ShowDefault sets how the registry shows the default (e.g. "auto" for a
+// sentinel value).
+func (v *IntVar) ShowDefault(text string) *IntVar { v.showDefault(text); return v }
+
+// Uint64Var is an unsigned 64-bit setting (NCCL_SOCKET_MAGIC).
+type Uint64Var struct{ scalar[uint64] }
+
+// Uint64 declares an unsigned setting, shown in hex.
+func (g *Group) Uint64(name string, def uint64, doc string) *Uint64Var {
+	show := func(n uint64) string { return fmt.Sprintf("%#x", n) }
+	return &Uint64Var{scalar[uint64]{base: g.declare(name, KindUint64, show(def), doc), def: def, parse: ParseUint64, show: show}}
 }
+
+// BoolVar is a switch (ParseBool).
+type BoolVar struct{ scalar[int] }
+
+// Bool declares a switch.
+func (g *Group) Bool(name string, def bool, doc string) *BoolVar {
+	d := 0
+	if def {
+		d = 1
+	}
+	parse := func(s string) (int, error) {
+		b, err := ParseBool(s)
+		if b {
+			return 1, err
+		}
+		return 0, err
+	}
+	return &BoolVar{scalar[int]{base: g.declare(name, KindBool, strconv.Itoa(d), doc), def: d, parse: parse, show: strconv.Itoa}}
+}
+
+// Default is the declared default.
+func (v *BoolVar) Default() bool { return v.def != 0 }
+
+// Get reads the value, WARNing with the group's prefix.
+func (v *BoolVar) Get(log Logger) bool { return v.scalar.Get(log) != 0 }
+
+// GetFor reads the value on behalf of the transport whose prefix is given.
+func (v *BoolVar) GetFor(log Logger, prefix string) bool { return v.scalar.GetFor(log, prefix) != 0 }
+
+// DurationVar is a duration setting: a bare number in its unit, or a Go
+// duration (ParseDuration).
+type DurationVar struct{ scalar[time.Duration] }
+
+// Duration declares a duration whose bare numbers are in unit.
+func (g *Group) Duration(name string, def, unit time.Duration, doc string) *DurationVar {
+	parse := func(s string) (time.Duration, error) { return ParseDuration(s, unit) }
+	return &DurationVar{scalar[time.Duration]{base: g.declare(name, KindDuration, def.String(), doc), def: def, parse: parse, show: time.Duration.String}}
+}
+
+// In makes values outside [lo, hi] a WARN and the default.
+func (v *DurationVar) In(lo, hi time.Duration) *DurationVar { v.setBounds(lo, hi, false); return v }
+
+// Clamp makes values outside [lo, hi] a WARN and the nearest bound.
+func (v *DurationVar) Clamp(lo, hi time.Duration) *DurationVar { v.setBounds(lo, hi, true); return v }
 
 // ShowDefault sets how the registry shows the default.
 func (v *DurationVar) ShowDefault(text string) *DurationVar { v.showDefault(text); return v }
 
-// Default is the declared default.
-func (v *DurationVar) Default() time.Duration { return v.def }
-
-// Get reads the value, WARNing with the group's prefix.
-func (v *DurationVar) Get(log Logger) time.Duration { return v.GetFor(log, v.g.prefix) }
-
-// GetFor reads the value on behalf of the transport whose prefix is given.
-func (v *DurationVar) GetFor(log Logger, prefix string) time.Duration {
-	s, ok := Value(v.s.Name)
-	if !ok {
-		return v.def
-	}
-	d, err := ParseDuration(s, v.unit)
-	if err != nil {
-		warn(log, prefix, "ignoring %s=%s: %v; using the default %v", v.s.Name, s, err, v.def)
-		return v.def
-	}
-	if v.ranged && (d < v.lo || d > v.hi) {
-		use := v.def
-		if v.clamps {
-			use = min(max(d, v.lo), v.hi)
-		}
-		warn(log, prefix, "ignoring %s=%s: must be in [%v, %v]; using %v", v.s.Name, s, v.lo, v.hi, use)
-		return use
-	}
-	return d
-}
-
 // FamilyVar is an address family selection (ParseFamily).
-type FamilyVar struct {
-	base
-	def Family
-}
+type FamilyVar struct{ scalar[Family] }
 
 // Family declares an address family setting.
 func (g *Group) Family(name string, def Family, doc string) *FamilyVar {
-	return &FamilyVar{base: g.declare(name, KindFamily, def.String(), doc), def: def}
-}
-
-// Get reads the value, WARNing with the group's prefix.
-func (v *FamilyVar) Get(log Logger) Family { return v.GetFor(log, v.g.prefix) }
-
-// GetFor reads the value on behalf of the transport whose prefix is given.
-func (v *FamilyVar) GetFor(log Logger, prefix string) Family {
-	s, ok := Value(v.s.Name)
-	if !ok {
-		return v.def
-	}
-	f, err := ParseFamily(s)
-	if err != nil {
-		warn(log, prefix, "ignoring %s=%s: %v; using %v", v.s.Name, s, err, v.def)
-		return v.def
-	}
-	return f
+	return &FamilyVar{scalar[Family]{base: g.declare(name, KindFamily, def.String(), doc), def: def, parse: ParseFamily, show: Family.String}}
 }
 
 // ListVar is an NCCL interface or HCA list (ParseList).

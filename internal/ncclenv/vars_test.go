@@ -117,7 +117,7 @@ func TestOtherVars(t *testing.T) {
 	assert.Contains(t, warns[1], "using the default 1")
 	assert.Contains(t, warns[2], "must be in [0s, 1m0s]")
 	assert.Contains(t, warns[3], "write AF_INET")
-	assert.Contains(t, warns[3], "using any")
+	assert.Contains(t, warns[3], "using the default any")
 }
 
 func TestListVar(t *testing.T) {
