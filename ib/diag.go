@@ -83,10 +83,9 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 			_ = ctx.Close()
 			continue
 		}
+		// The device's sysfs path; a used port shows the topology key the
+		// transport reports instead.
 		pci, _ := t.fs.PCIPath(name)
-		if pci != "" {
-			pci = mergePortPath(pci)
-		}
 		for port := 1; port <= attr.PhysPortCnt; port++ {
 			pa, err := ctx.QueryPort(port)
 			if err != nil {
@@ -98,7 +97,7 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 			gidIdx, gid := -1, verbs.GID{}
 			for _, u := range used {
 				if u.name == name && u.port == port {
-					pt.Used, pt.DeviceIndex = true, intp(u.index)
+					pt.Used, pt.DeviceIndex, pt.PCIPath = true, intp(u.index), u.pciPath
 					gidIdx, gid = u.gidIndex, u.gid
 				}
 			}
@@ -171,7 +170,7 @@ func (t *Transport) sysfsPorts(initErr error) []diag.Port {
 				pt.LinkLayer = ll
 			}
 			if p, err := t.fs.PCIPath(e.Name()); err == nil {
-				pt.PCIPath = mergePortPath(p)
+				pt.PCIPath = p
 			}
 			out = append(out, pt)
 		}

@@ -19,17 +19,13 @@ TOOLS_LDFLAGS ?= -pie -Wl,-z,relro -Wl,-z,now
 BINDIR ?= $(PREFIX)/bin
 LIBEXECDIR ?= $(PREFIX)/libexec
 DEB := $(BUILD)/libnccl-net-go_$(NCCLNET_VERSION)_amd64.deb
-# Everything the command is built from: the Go packages it links (the same
-# ones as the library).
-TOOLS_GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' -not -path './.rdma/*' -not -name '*_test.go' 2>/dev/null) go.mod go.sum
-
 .PHONY: tools test-tools test-deploy deb test-deb install-tools
 all: tools
-tools: $(TOOLS_CMD) $(TOOLS_HELPER)
+tools: $(TOOLS_CMD) $(TOOLS_HELPER) ## build build/ncclnet-go and its selftest helper (part of make)
 
 # PIE, full RELRO, and the plugin's version, so that `ncclnet-go --version` and the
 # library's init line agree.
-$(TOOLS_CMD): $(TOOLS_GO_SOURCES) $(wildcard plugin/*.c plugin/*.h) mk/tools.mk | deps-build
+$(TOOLS_CMD): $(GO_SOURCES) mk/tools.mk | deps-build
 	@mkdir -p $(dir $@)
 	CGO_ENABLED=1 CGO_CFLAGS="$${CGO_CFLAGS:--O2 -g} -D_FORTIFY_SOURCE=2 -fstack-protector-strong" $(GO) build -trimpath -buildmode=pie \
 		-ldflags "-X main.version=$(NCCLNET_VERSION) -extldflags '-Wl,-z,relro -Wl,-z,now'" -o $@ ./cmd/ncclnet-go
@@ -48,7 +44,7 @@ install-tools: $(TOOLS_CMD) $(TOOLS_HELPER)
 
 # The command's tests use the library and the helper built here (they build
 # their own when run by plain `go test`).
-test-tools: $(SO) $(TOOLS_HELPER) test-deploy
+test-tools: $(SO) $(TOOLS_HELPER) test-deploy ## ncclnet-go's and internal/diag's tests (-race) with the built library and helper, and test-deploy
 	$(GO) vet ./cmd/ncclnet-go/ ./internal/diag/
 	$(HARNESS_ENV) NCCLNET_GO_TEST_PLUGIN=$(abspath $(SO)) NCCLNET_GO_TEST_HELPER=$(abspath $(TOOLS_HELPER)) \
 		$(GO) test -race -count=1 ./cmd/ncclnet-go/ ./internal/diag/
@@ -56,19 +52,20 @@ test-tools: $(SO) $(TOOLS_HELPER) test-deploy
 # The alerting rules: syntax, and their unit tests (promtool test rules). The
 # dashboard's and the rules' expressions are evaluated against a live plugin by
 # test-prometheus (scripts/metrics/prometheus-e2e.sh).
-test-deploy:
+test-deploy: ## promtool check and test of the alerting rules, static checks of the Grafana dashboard
 	promtool check rules deploy/prometheus/ncclnet-alerts.yml
 	promtool test rules deploy/prometheus/ncclnet-alerts.test.yml
 	deploy/check-dashboard.sh deploy/grafana/ncclnet-go.json
 
-deb: $(DEB)
+deb: $(DEB) ## build/libnccl-net-go_<version>_amd64.deb (docs/operations.md)
 $(DEB): $(SO) $(TOOLS_CMD) $(TOOLS_HELPER) $(wildcard packaging/* packaging/*/*) $(wildcard deploy/*/*) README.md $(wildcard docs/*.md)
 	packaging/build-deb.sh --version $(NCCLNET_VERSION) --lib $(SO) --cmd $(TOOLS_CMD) --helper $(TOOLS_HELPER) --out $@
 
-test-deb: $(DEB)
+test-deb: $(DEB) ## lintian, dpkg -i, the installed selftest, dpkg --purge (leaves the machine as it was)
 	$(HARNESS_ENV) packaging/test-deb.sh $(DEB)
 
 TEST_TARGETS += test-tools test-deb
+CHECK_TARGETS += test-deploy
 # promtool comes with prometheus (mk/metrics.mk); lintian checks the package,
 # dpkg-dev computes its dependencies (dpkg-shlibdeps).
 APT_PACKAGES += prometheus lintian dpkg-dev jq
