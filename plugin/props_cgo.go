@@ -8,6 +8,7 @@ import "C"
 import (
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -28,7 +29,7 @@ func putProperties(version int, p nccl.Properties, dst unsafe.Pointer) error {
 	q.vProps.ndevs = C.int(n)
 	q.maxP2pBytes, q.maxCollBytes = C.size_t(p.MaxP2PBytes), C.size_t(p.MaxCollBytes)
 	q.maxMultiRequestSize = C.int(p.MaxMultiRequestSize)
-	q.railId, q.planeId = C.int16_t(p.RailID), C.int16_t(p.PlaneID)
+	q.railId, q.planeId = C.int16_t(abi.ID(p.RailID.Get())), C.int16_t(abi.ID(p.PlaneID.Get()))
 	if C.ncclGoPutProperties(C.int(version), &q, dst) != 0 {
 		return nccl.Errorf(nccl.InternalError, "getProperties for unknown API version %d", version)
 	}
