@@ -103,6 +103,8 @@ const char* net_missing_entry(const net_t* n);
 
 /* v11+: init(ctx, commId, config) per communicator; older: init(logger[, profiler]) and *ctx = NULL. */
 ncclResult_t net_init(net_t* n, void** ctx, uint64_t commId, bool with_profiler);
+/* The same with the profiler callback of the caller's choice (v10+; ignored below). */
+ncclResult_t net_init_with(net_t* n, void** ctx, uint64_t commId, ncclProfilerCallback_t prof);
 ncclResult_t net_finalize(net_t* n, void* ctx); /* ncclSuccess no-op below v11 */
 ncclResult_t net_devices(net_t* n, int* ndev);
 ncclResult_t net_props(net_t* n, int dev, hprops_t* p);
@@ -140,6 +142,19 @@ typedef struct {
   char why[WHY_LEN];
 } check_result_t;
 
+/* A one-slot mailbox from one rank's thread to the same-numbered thread of the
+ * other rank (the concurrent mode sets up links from several threads at once,
+ * which the single control socket cannot serve). The owner writes data and
+ * then bumps seq; the reader copies it and bumps ack; the owner writes again
+ * only once ack == seq. */
+#define MBOX_MAX 24
+#define MBOX_DATA 160
+typedef struct {
+  atomic_uint seq;
+  atomic_uint ack;
+  char data[MBOX_DATA];
+} mbox_t;
+
 /* Lives in a MAP_SHARED mapping created by the parent before fork. */
 typedef struct {
   atomic_int cur[2];               /* check index each rank is running, -1 = none */
@@ -154,6 +169,7 @@ typedef struct {
   check_result_t res[2][MAX_CHECKS];
   char text[2][4096];              /* free-form result text from a rank (transfer, bench) */
   atomic_int aux[2][4];            /* per-check side channel a rank can poll without blocking */
+  mbox_t mbox[2][MBOX_MAX];        /* [owner rank][channel] (concurrent mode) */
 } shm_t;
 
 typedef struct {
@@ -212,11 +228,20 @@ typedef struct {
   const char* bench_what;
   const char* only;   /* conformance: comma-separated check names to run (NULL = all) */
   int verbose;
+  int threads;        /* concurrent: progress threads per rank */
+  bool size_set, iters_set;
 } opts_t;
 
 int cmd_conformance(const opts_t* o);
 int cmd_transfer(const opts_t* o);
 int cmd_bench(const opts_t* o);
+int cmd_concurrent(const opts_t* o);
+
+/* Mailbox (shm_t.mbox) between thread `ch` of this rank and of the other one.
+ * Both wait at most until the rank's deadline and give up when the other rank
+ * failed (-3) or the deadline passed (-2). */
+int mbox_post(rank_t* r, int ch, const void* data, size_t len);
+int mbox_take(rank_t* r, int ch, void* data, size_t len);
 
 /* Chooses the version for transfer/bench: --version, else the newest exported. */
 int pick_version(const opts_t* o, shm_t* shm, char* err, size_t errlen);

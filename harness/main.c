@@ -4,6 +4,7 @@
  *   ncclnet-harness conformance --plugin PATH [--versions 8,9,10,11,12] [--timeout SEC]
  *   ncclnet-harness transfer    --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]
  *   ncclnet-harness bench       --plugin PATH [--version V] [lat|bw|all]
+ *   ncclnet-harness concurrent  --plugin PATH [--versions 10,11,12] [--threads N] [--iters N] [--size BYTES]
  *
  * Exit status is 0 only when everything that ran passed.
  */
@@ -30,6 +31,13 @@ static void usage(FILE* f) {
           "  ncclnet-harness bench --plugin PATH [--version V] [lat|bw|all]\n"
           "      Latency (ping-pong, 8 B..1 MiB) and bandwidth (8 in flight, 64 KiB..64 MiB)\n"
           "      through the plugin and over plain TCP sockets, with plugin/TCP ratios.\n"
+          "  ncclnet-harness concurrent --plugin PATH [--versions 8,9,10,11,12] [--threads N] [--iters N] [--size BYTES]\n"
+          "      NCCL's threads at once: per rank, N progress threads (default 3) each with its\n"
+          "      own communicator (v11+: own init/finalize) stream ITERS messages (default 500)\n"
+          "      of 0..SIZE bytes (default 64K) each way, verified, with profiler handles, while\n"
+          "      a service thread keeps connecting, registering and closing (v11+: in extra\n"
+          "      init/finalize contexts). Prints \"PASS concurrent vN ...\" or \"FAIL ...\".\n"
+          "      Run it against a -race build of a Go plugin to find data races (make concurrent-race).\n"
           "  --version defaults to the newest ncclNetPlugin_vN the library exports.\n"
           "  The plugin's WARN lines go to stderr (NCCL_DEBUG=INFO or TRACE shows more,\n"
           "  NCCL_DEBUG=VERSION hides them); results go to stdout.\n");
@@ -81,7 +89,7 @@ int main(int argc, char** argv) {
     usage(stdout);
     return 0;
   }
-  opts_t o = {.timeout = 0, .size = 64ull << 20, .iters = 16, .bench_what = "all"};
+  opts_t o = {.timeout = 0, .size = 64ull << 20, .iters = 16, .bench_what = "all", .threads = 3};
   parse_versions("8,9,10,11,12", &o);
   for (int i = 2; i < argc; i++) {
     const char* a = argv[i];
@@ -117,6 +125,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "ncclnet-harness: --size %s: use a byte count (suffix K, M or G allowed)\n", v);
         return 2;
       }
+      o.size_set = true;
     } else if (!strcmp(a, "--iters")) {
       NEED_VALUE char* end;
       long it = strtol(v, &end, 10);
@@ -125,6 +134,15 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.iters = (int)it;
+      o.iters_set = true;
+    } else if (!strcmp(a, "--threads")) {
+      NEED_VALUE char* end;
+      long th = strtol(v, &end, 10);
+      if (*end || th < 1 || th > 8) {
+        fprintf(stderr, "ncclnet-harness: --threads %s: use a count in 1..8\n", v);
+        return 2;
+      }
+      o.threads = (int)th;
     } else if (!strcmp(a, "--linger")) {
       NEED_VALUE if (parse_double(a, v, &o.linger) != 0) return 2;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -143,7 +161,16 @@ int main(int argc, char** argv) {
   if (!strcmp(cmd, "conformance")) return cmd_conformance(&o);
   if (!strcmp(cmd, "transfer")) return cmd_transfer(&o);
   if (!strcmp(cmd, "bench")) return cmd_bench(&o);
-  fprintf(stderr, "ncclnet-harness: unknown command \"%s\" (conformance, transfer or bench)\n", cmd);
+  if (!strcmp(cmd, "concurrent")) {
+    if (!o.size_set) o.size = 64u << 10;
+    if (!o.iters_set) o.iters = 500;
+    if (o.size == 0 || o.size > (64u << 20)) {
+      fprintf(stderr, "ncclnet-harness: concurrent: --size must be 1 byte to 64 MiB\n");
+      return 2;
+    }
+    return cmd_concurrent(&o);
+  }
+  fprintf(stderr, "ncclnet-harness: unknown command \"%s\" (conformance, transfer, bench or concurrent)\n", cmd);
   usage(stderr);
   return 2;
 }

@@ -270,7 +270,10 @@ static ncclResult_t noop_profiler(void** eHandle, int type, void* pHandle, int64
 }
 
 ncclResult_t net_init(net_t* n, void** ctx, uint64_t commId, bool with_profiler) {
-  ncclProfilerCallback_t prof = with_profiler ? harness_profiler : noop_profiler;
+  return net_init_with(n, ctx, commId, with_profiler ? harness_profiler : noop_profiler);
+}
+
+ncclResult_t net_init_with(net_t* n, void** ctx, uint64_t commId, ncclProfilerCallback_t prof) {
   switch (n->version) {
     case 8: *ctx = NULL; return V8(n)->init(harness_logger);
     case 9: *ctx = NULL; return V9(n)->init(harness_logger);

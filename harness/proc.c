@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -252,6 +253,15 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
       }
     }
     if (out->exited[0] && out->exited[1]) break;
+    /* A rank that gave up with an error (e.g. halted by the Go race detector)
+     * counts as failing whatever the survivor is running, so it stops
+     * waiting for it now instead of at its deadline. */
+    for (int i = 0; i < 2; i++) {
+      if (out->exited[i] && !out->exited[1 - i] && WIFEXITED(out->status[i]) && WEXITSTATUS(out->status[i]) != 0) {
+        int cur = atomic_load(&shm->cur[1 - i]);
+        if (cur >= 0) atomic_store(&shm->abort_check[i], cur);
+      }
+    }
     uint64_t now = now_ns();
     int hung = -1;
     double after = 0;
@@ -294,5 +304,39 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
     }
     sleep_ms(20);
   }
+  return 0;
+}
+
+/* Waits for cond on a mailbox, bounded by the rank's deadline and cut short
+ * when the other rank failed. Many threads of one rank may wait at once, so it
+ * only beats (atomic) and never touches set_where's shared text. */
+static int mbox_wait(rank_t* r, atomic_uint* a, atomic_uint* b, bool want_equal) {
+  for (int spins = 0;; spins++) {
+    unsigned x = atomic_load_explicit(a, memory_order_acquire), y = atomic_load_explicit(b, memory_order_acquire);
+    if (want_equal ? x == y : x > y) return 0;
+    if (peer_failed(r)) return -3;
+    if (past_deadline(r)) return -2;
+    if (spins < 100) sched_yield();
+    else sleep_ms(1);
+  }
+}
+
+int mbox_post(rank_t* r, int ch, const void* data, size_t len) {
+  if (ch < 0 || ch >= MBOX_MAX || len > MBOX_DATA) return -1;
+  mbox_t* m = &r->shm->mbox[r->rank][ch];
+  int rc = mbox_wait(r, &m->ack, &m->seq, true); /* the reader took the last one */
+  if (rc != 0) return rc;
+  memcpy(m->data, data, len);
+  atomic_fetch_add_explicit(&m->seq, 1, memory_order_release);
+  return 0;
+}
+
+int mbox_take(rank_t* r, int ch, void* data, size_t len) {
+  if (ch < 0 || ch >= MBOX_MAX || len > MBOX_DATA) return -1;
+  mbox_t* m = &r->shm->mbox[1 - r->rank][ch];
+  int rc = mbox_wait(r, &m->seq, &m->ack, false); /* something new was posted */
+  if (rc != 0) return rc;
+  memcpy(data, m->data, len);
+  atomic_fetch_add_explicit(&m->ack, 1, memory_order_release);
   return 0;
 }

@@ -24,6 +24,10 @@ echo "$out" | sed 's/^/    | /'
 [ "$rc" -eq 1 ] && echo "ok   - exit status 1 after a hang" || { echo "FAIL - exit status $rc after a hang, want 1"; fail=1; }
 expect "$out" '^FAIL v8 connect-accept-nonblocking: hung: rank 1 still inside "connect loop' "hang in connect caught by the watchdog"
 expect "$out" '^0 passed, 1 failed$' "hung check counted once"
+out="$("$H" concurrent --plugin "$BAD" --versions 8 --timeout 10 2>&1)"; rc=$?
+echo "$out" | sed 's/^/    | /'
+[ "$rc" -eq 1 ] && echo "ok   - concurrent: exit status 1 with a broken plugin" || { echo "FAIL - concurrent: exit status $rc, want 1"; fail=1; }
+expect "$out" '^FAIL concurrent v8: rank [01] .*connect returned ncclSystemError' "concurrent mode reports a failing connect"
 out="$("$H" conformance --plugin /nonexistent/libnccl-net-x.so --versions 9 2>&1)"; rc=$?
 [ "$rc" -eq 1 ] && echo "ok   - missing library fails" || { echo "FAIL - missing library: exit $rc"; fail=1; }
 expect "$out" '^FAIL v9 load: dlopen' "dlopen error reported"

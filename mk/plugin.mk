@@ -18,6 +18,25 @@ $(SO): $(GO_SOURCES) | deps-build
 $(SO_V9V10): $(GO_SOURCES) | deps-build
 	scripts/build-plugin.sh --name Go --only-v9-v10 --out $@ ./cmd/libnccl-net-go
 
+# The default library built with the Go race detector (tests only; see
+# scripts/build-plugin.sh --race for why it is linked at a low address).
+SO_RACE := $(BUILD)/libnccl-net-go-race.so
+$(SO_RACE): $(GO_SOURCES) | deps-build
+	scripts/build-plugin.sh --name Go --race --out $@ ./cmd/libnccl-net-go
+
+# NCCL's threads at once (several progress threads with their own
+# communicators, a service thread connecting, registering, closing, and v11+
+# init/finalize of extra contexts) against the race build: any data race
+# report or corrupt byte fails, for v12, v11 and v10, 3 runs each.
+.PHONY: concurrent concurrent-race
+concurrent-race: $(HARNESS) $(SO_RACE) ## NCCL's threads at once against a -race build of the library (v12/v11/v10, 3 runs): no race, no corrupt byte
+	$(HARNESS_ENV) harness/concurrent-race.sh $(HARNESS) $(SO_RACE) 12,11,10 3 --iters 4000
+
+concurrent: $(HARNESS) $(SO) ## NCCL's threads at once (progress, service, init/finalize) on the library, API v8..v12
+	$(HARNESS_ENV) $(HARNESS) concurrent --plugin $(SO) --versions $(HARNESS_VERSIONS)
+
+TEST_TARGETS += concurrent concurrent-race
+
 .PHONY: lib install go-test go-test-short abi-check
 lib: $(SO) ## build build/libnccl-net-go.so (the default target)
 

@@ -17,6 +17,9 @@ type Comm interface {
 	DeregMr(mh MemHandle) error
 	// Close releases the comm. Requests may still be outstanding (ncclCommAbort):
 	// Close must return promptly without waiting for the peer and leak nothing.
+	// It runs on NCCL's thread, which frees the comm's buffers as soon as it
+	// returns, so the glue waits for it: every wait inside must end within
+	// NCCL_GO_TIMEOUT (PeerTimeout), and nothing may touch the buffers after.
 	Close() error
 }
 
@@ -46,10 +49,11 @@ type SendComm interface {
 // the same rules as SendComm's data path.
 type RecvComm interface {
 	Comm
-	// Irecv posts a grouped receive of len(bufs) buffers (1 to MaxRecvs). Each
-	// incoming send goes to the buffer with its tag inside the oldest posted
-	// receive. A send larger than its buffer fails with InvalidUsage and nothing
-	// is written past the buffer. bufs is only valid during the call.
+	// Irecv posts a grouped receive of len(bufs) buffers (1 to MaxRecvs, each
+	// 0 to MaxNetSize bytes: the glue has checked both). Each incoming send
+	// goes to the buffer with its tag inside the oldest posted receive. A send
+	// larger than its buffer fails with InvalidUsage and nothing is written
+	// past the buffer. bufs is only valid during the call.
 	Irecv(bufs []RecvBuffer) (Request, error)
 	// Iflush makes GPU-direct received data visible to the GPU. bufs[i].Size is
 	// the received size. It returns NoRequest when nothing needs to be done.

@@ -103,12 +103,15 @@ type ConnectOptions struct {
 // so it must not be a Go pointer.
 type MemHandle uintptr
 
-// Request identifies an in-flight operation inside one comm. A transport chooses
-// the values, from 0 to MaxRequestID (the glue keeps per-request state in a
-// table of that size per comm); NoRequest means "cannot start now, retry".
+// Request identifies an in-flight operation inside one comm. A transport
+// chooses the values: any non-negative int32 (the glue gives NCCL handles of
+// its own and keeps the transport's Request beside them); NoRequest means
+// "cannot start now, retry".
 type Request int32
 
 const (
-	NoRequest    Request = -1
+	NoRequest Request = -1
+	// Deprecated: request ids are no longer bounded (any non-negative value
+	// works). Kept until every package stops referring to it.
 	MaxRequestID Request = 1023
 )

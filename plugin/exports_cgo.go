@@ -1,60 +1,42 @@
 package plugin
 
 /*
-#include <stdlib.h>
 #include "shims.h"
 */
 import "C"
 
 import (
-	"sync"
 	"unsafe"
 
-	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 // This file is the C boundary: every //export below is reached from a C shim in
-// tables.c, converts C arguments, recovers panics and calls the pure-Go glue.
+// tables.c. Each has the same prologue (guard) and does only what needs C
+// types: checks pointers NCCL passes, converts arguments, always writes the
+// out-parameters NCCL reads, and calls the pure-Go glue. Arguments NCCL could
+// get wrong are checked here once; the glue and the transports trust them.
 // Handles travel as uintptr_t so no Go pointer ever reaches C.
 
-func init() {
-	nccl.SetEnvLookup(cLookupEnv)
-}
-
-// cLookupEnv reads the live C environment: NCCL applies nccl.conf with setenv
-// after our runtime copied os.Environ.
-func cLookupEnv(name string) (string, bool) {
-	cs := C.CString(name)
-	defer C.free(unsafe.Pointer(cs))
-	v := C.getenv(cs)
-	if v == nil {
-		return "", false
+// guard is the prologue of every export, deferred first: a panic inside the
+// entry becomes ncclInternalError with a WARN instead of unwinding into
+// NCCL's C frames.
+func guard(entry string, res *C.ncclResult_t) {
+	if r := recover(); r != nil {
+		*res = cres(panicResult(entry, r))
 	}
-	return C.GoString(v), true
 }
 
-type cSink struct{ fn C.ncclDebugLogger_t }
+func cres(r nccl.Result) C.ncclResult_t { return C.ncclResult_t(r) }
 
-func (s cSink) log(level int, flags uint64, msg string) {
-	cs := C.CString(msg)
-	C.ncclGoLog(s.fn, C.int(level), C.ulong(flags), cs)
-	C.free(unsafe.Pointer(cs))
+// nullArg is the answer to a NULL pointer NCCL must never pass.
+func nullArg(call, what string) C.ncclResult_t {
+	return cres(fail(call, nccl.Errorf(nccl.InvalidArgument, "%s is NULL", what)))
 }
-
-type cProfiler struct{ fn C.ncclProfilerCallback_t }
-
-func (p cProfiler) start(phandle uintptr, typ int, dev int, size int64, tag int, req uintptr) uintptr {
-	return uintptr(C.ncclGoProfStart(p.fn, C.uintptr_t(phandle), C.int(typ), C.int(dev), C.uint64_t(size), C.int(tag), C.uintptr_t(req)))
-}
-
-func (p cProfiler) stop(ev uintptr) { C.ncclGoProfStop(p.fn, C.uintptr_t(ev)) }
 
 //export goNetInit
 func goNetInit(version C.int, ctx *C.uintptr_t, trafficClass C.int, logFn C.ncclDebugLogger_t, profFn C.ncclProfilerCallback_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("init", &r)
+	defer guard("init", &res)
 	if ctx != nil {
 		*ctx = 0
 	}
@@ -62,402 +44,248 @@ func goNetInit(version C.int, ctx *C.uintptr_t, trafficClass C.int, logFn C.nccl
 		setSink(cSink{fn: logFn})
 	}
 	if profFn != nil {
-		profiler = cProfiler{fn: profFn}
+		setProfiler(cProfiler{fn: profFn})
 	}
-	h, rr := netInit(int(version), ctx != nil, int(trafficClass))
-	if rr == nccl.Success {
-		if t, err := readyTransport(); err == nil {
-			if _, ok := t.(nccl.VDeviceMaker); !ok {
-				// NCCL's socket transport sets makeVDevice to NULL, which every
-				// NCCL version handles; do the same for non-fusing transports.
-				C.ncclGoDisableVDevice()
-			}
-		}
-	}
+	h, r := netInit(int(version), ctx != nil, int(trafficClass))
 	if ctx != nil {
 		*ctx = C.uintptr_t(h)
 	}
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetFinalize
 func goNetFinalize(ctx C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("finalize", &r)
-	r = netFinalize(uintptr(ctx))
-	return
+	defer guard("finalize", &res)
+	return cres(netFinalize(uintptr(ctx)))
 }
 
 //export goNetDevices
 func goNetDevices(ndev *C.int) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("devices", &r)
+	defer guard("devices", &res)
 	if ndev == nil {
-		r = fail("devices", nccl.Errorf(nccl.InvalidArgument, "ndev is NULL"))
-		return
+		return nullArg("devices", "ndev")
 	}
-	n, rr := netDevices()
+	n, r := netDevices()
 	*ndev = C.int(n)
-	r = rr
-	return
-}
-
-// cStrings keeps name/pciPath strings alive forever: NCCL stores the pointers
-// (name is its topology key) and never frees them.
-var cStrings struct {
-	sync.Mutex
-	m map[string]*C.char
-}
-
-func persistentCString(s string) *C.char {
-	if s == "" {
-		return nil
-	}
-	cStrings.Lock()
-	defer cStrings.Unlock()
-	if cStrings.m == nil {
-		cStrings.m = map[string]*C.char{}
-	}
-	if p, ok := cStrings.m[s]; ok {
-		return p
-	}
-	p := C.CString(s)
-	cStrings.m[s] = p
-	return p
+	return cres(r)
 }
 
 //export goNetGetProperties
 func goNetGetProperties(version C.int, dev C.int, props unsafe.Pointer) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("getProperties", &r)
+	defer guard("getProperties", &res)
 	if props == nil {
-		r = fail("getProperties", nccl.Errorf(nccl.InvalidArgument, "props is NULL"))
-		return
+		return nullArg("getProperties", "props")
 	}
-	p, rr := netProperties(int(dev))
-	if rr != nccl.Success {
-		r = rr
-		return
+	p, r := netProperties(int(dev))
+	if r != nccl.Success {
+		return cres(r)
 	}
-	name := persistentCString(p.Name)
-	pci := persistentCString(p.PCIPath)
-	b2i := func(b bool) C.int {
-		if b {
-			return 1
-		}
-		return 0
+	if err := putProperties(int(version), p, props); err != nil {
+		return cres(fail("getProperties", err))
 	}
-	switch version {
-	case 8:
-		q := (*C.ncclNetProperties_v8_t)(props)
-		*q = C.ncclNetProperties_v8_t{}
-		q.name, q.pciPath, q.guid = name, pci, C.uint64_t(p.GUID)
-		q.ptrSupport, q.regIsGlobal = C.int(p.PtrSupport), b2i(p.RegIsGlobal)
-		q.speed, q.port, q.latency = C.int(p.Speed), C.int(p.Port), C.float(p.Latency)
-		q.maxComms, q.maxRecvs = C.int(p.MaxComms), C.int(p.MaxRecvs)
-		q.netDeviceType, q.netDeviceVersion = C.NCCL_NET_DEVICE_HOST, 0
-	case 9, 10:
-		q := (*C.ncclNetProperties_v9_t)(props)
-		*q = C.ncclNetProperties_v9_t{}
-		q.name, q.pciPath, q.guid = name, pci, C.uint64_t(p.GUID)
-		q.ptrSupport, q.regIsGlobal, q.forceFlush = C.int(p.PtrSupport), b2i(p.RegIsGlobal), b2i(p.ForceFlush)
-		q.speed, q.port, q.latency = C.int(p.Speed), C.int(p.Port), C.float(p.Latency)
-		q.maxComms, q.maxRecvs = C.int(p.MaxComms), C.int(p.MaxRecvs)
-		q.netDeviceType, q.netDeviceVersion = C.NCCL_NET_DEVICE_HOST, 0
-		q.vProps.ndevs = C.int(fillDevs(q.vProps.devs[:], p.VDevs))
-		q.maxP2pBytes, q.maxCollBytes = C.size_t(p.MaxP2PBytes), C.size_t(p.MaxCollBytes)
-	case 11:
-		q := (*C.ncclNetProperties_v11_t)(props)
-		*q = C.ncclNetProperties_v11_t{}
-		q.name, q.pciPath, q.guid = name, pci, C.uint64_t(p.GUID)
-		q.ptrSupport, q.regIsGlobal, q.forceFlush = C.int(p.PtrSupport), b2i(p.RegIsGlobal), b2i(p.ForceFlush)
-		q.speed, q.port, q.latency = C.int(p.Speed), C.int(p.Port), C.float(p.Latency)
-		q.maxComms, q.maxRecvs = C.int(p.MaxComms), C.int(p.MaxRecvs)
-		q.netDeviceType, q.netDeviceVersion = C.NCCL_NET_DEVICE_HOST, 0
-		q.vProps.ndevs = C.int(fillDevs(q.vProps.devs[:], p.VDevs))
-		q.maxP2pBytes, q.maxCollBytes = C.size_t(p.MaxP2PBytes), C.size_t(p.MaxCollBytes)
-		q.maxMultiRequestSize = C.int(p.MaxMultiRequestSize)
-	case 12:
-		q := (*C.ncclNetProperties_v12_t)(props)
-		*q = C.ncclNetProperties_v12_t{}
-		q.name, q.pciPath, q.guid = name, pci, C.uint64_t(p.GUID)
-		q.ptrSupport, q.regIsGlobal, q.forceFlush = C.int(p.PtrSupport), b2i(p.RegIsGlobal), b2i(p.ForceFlush)
-		q.speed, q.port, q.latency = C.int(p.Speed), C.int(p.Port), C.float(p.Latency)
-		q.maxComms, q.maxRecvs = C.int(p.MaxComms), C.int(p.MaxRecvs)
-		q.netDeviceType, q.netDeviceVersion = C.NCCL_NET_DEVICE_HOST, 0
-		q.vProps.ndevs = C.int(fillDevs(q.vProps.devs[:], p.VDevs))
-		q.maxP2pBytes, q.maxCollBytes = C.size_t(p.MaxP2PBytes), C.size_t(p.MaxCollBytes)
-		q.maxMultiRequestSize = C.int(p.MaxMultiRequestSize)
-		q.railId, q.planeId = C.int16_t(abi.ID(p.RailID.Get())), C.int16_t(abi.ID(p.PlaneID.Get()))
-	default:
-		r = fail("getProperties", nccl.Errorf(nccl.InternalError, "unknown API version %d", int(version)))
-		return
-	}
-	r = nccl.Success
-	return
-}
-
-func fillDevs(dst []C.int, devs []int) int {
-	n := min(len(devs), len(dst))
-	for i := 0; i < n; i++ {
-		dst[i] = C.int(devs[i])
-	}
-	return n
+	return cres(nccl.Success)
 }
 
 //export goNetMakeVDevice
 func goNetMakeVDevice(maxDevs C.int, d *C.int, ndevs C.int, devs *C.int) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("makeVDevice", &r)
-	if d == nil || (devs == nil && ndevs > 0) || ndevs < 0 || ndevs > 64 {
-		r = fail("makeVDevice", nccl.Errorf(nccl.InvalidArgument, "bad arguments (ndevs=%d)", int(ndevs)))
-		return
+	defer guard("makeVDevice", &res)
+	if d == nil || (devs == nil && ndevs > 0) || ndevs < 0 || ndevs > 64 { /* bound before reading NCCL's array */
+		return cres(fail("makeVDevice", nccl.Errorf(nccl.InvalidArgument, "bad arguments (NULL index or props, or ndevs=%d)", int(ndevs))))
 	}
 	list := make([]int, int(ndevs))
 	for i, v := range unsafe.Slice(devs, int(ndevs)) {
 		list[i] = int(v)
 	}
-	v, rr := netMakeVDevice(list, int(maxDevs))
-	if rr == nccl.Success {
+	v, r := netMakeVDevice(list, int(maxDevs))
+	if r == nccl.Success {
 		*d = C.int(v)
 	}
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetListen
 func goNetListen(dev C.int, handle unsafe.Pointer, listenComm *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("listen", &r)
+	defer guard("listen", &res)
 	if handle == nil || listenComm == nil {
-		r = fail("listen", nccl.Errorf(nccl.InvalidArgument, "NULL handle or listenComm"))
-		return
+		return nullArg("listen", "handle or listenComm")
 	}
 	*listenComm = 0
-	h, rr := netListen(int(dev), (*nccl.Handle)(handle))
+	h, r := netListen(int(dev), (*nccl.Handle)(handle))
 	*listenComm = C.uintptr_t(h)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetConnect
 func goNetConnect(ctx C.uintptr_t, dev C.int, trafficClass C.int, handle unsafe.Pointer, sendComm *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("connect", &r)
+	defer guard("connect", &res)
 	if handle == nil || sendComm == nil {
-		r = fail("connect", nccl.Errorf(nccl.InvalidArgument, "NULL handle or sendComm"))
-		return
+		return nullArg("connect", "handle or sendComm")
 	}
 	*sendComm = 0
 	tc := int(trafficClass)
 	if ctx != 0 {
 		var err error
 		if tc, err = trafficClassOf(uintptr(ctx)); err != nil {
-			r = fail("connect", err)
-			return
+			return cres(fail("connect", err))
 		}
 	}
-	h, rr := netConnect(int(dev), tc, (*nccl.Handle)(handle))
+	h, r := netConnect(int(dev), tc, (*nccl.Handle)(handle))
 	*sendComm = C.uintptr_t(h)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetAccept
 func goNetAccept(listenComm C.uintptr_t, recvComm *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("accept", &r)
+	defer guard("accept", &res)
 	if recvComm == nil {
-		r = fail("accept", nccl.Errorf(nccl.InvalidArgument, "recvComm is NULL"))
-		return
+		return nullArg("accept", "recvComm")
 	}
 	*recvComm = 0
-	h, rr := netAccept(uintptr(listenComm))
+	h, r := netAccept(uintptr(listenComm))
 	*recvComm = C.uintptr_t(h)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetRegMr
 func goNetRegMr(comm C.uintptr_t, data unsafe.Pointer, size C.size_t, typ C.int, mhandle *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("regMr", &r)
+	defer guard("regMr", &res)
 	if mhandle == nil {
-		r = fail("regMr", nccl.Errorf(nccl.InvalidArgument, "mhandle is NULL"))
-		return
+		return nullArg("regMr", "mhandle")
 	}
 	*mhandle = 0
-	mh, rr := netRegMr(uintptr(comm), data, int(size), int(typ))
+	mh, r := netRegMr(uintptr(comm), data, int(size), int(typ))
 	*mhandle = C.uintptr_t(mh)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetRegMrDmaBuf
 func goNetRegMrDmaBuf(comm C.uintptr_t, data unsafe.Pointer, size C.size_t, typ C.int, offset C.uint64_t, fd C.int, mhandle *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("regMrDmaBuf", &r)
+	defer guard("regMrDmaBuf", &res)
 	if mhandle == nil {
-		r = fail("regMrDmaBuf", nccl.Errorf(nccl.InvalidArgument, "mhandle is NULL"))
-		return
+		return nullArg("regMrDmaBuf", "mhandle")
 	}
 	*mhandle = 0
-	mh, rr := netRegMrDmaBuf(uintptr(comm), data, int(size), int(typ), uint64(offset), int(fd))
+	mh, r := netRegMrDmaBuf(uintptr(comm), data, int(size), int(typ), uint64(offset), int(fd))
 	*mhandle = C.uintptr_t(mh)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetDeregMr
 func goNetDeregMr(comm C.uintptr_t, mhandle C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("deregMr", &r)
-	r = netDeregMr(uintptr(comm), uintptr(mhandle))
-	return
+	defer guard("deregMr", &res)
+	return cres(netDeregMr(uintptr(comm), uintptr(mhandle)))
 }
 
 //export goNetIsend
 func goNetIsend(comm C.uintptr_t, data unsafe.Pointer, size C.longlong, tag C.int, mhandle C.uintptr_t, phandle C.uintptr_t, request *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("isend", &r)
+	defer guard("isend", &res)
 	if request == nil {
-		r = fail("isend", nccl.Errorf(nccl.InvalidArgument, "request is NULL"))
-		return
+		return nullArg("isend", "request")
 	}
 	*request = 0 // NCCL may have preset 0x1; never leave it there
-	h, rr := netIsend(uintptr(comm), data, int64(size), int(tag), uintptr(mhandle), uintptr(phandle))
+	h, r := netIsend(uintptr(comm), data, int64(size), int(tag), uintptr(mhandle), uintptr(phandle))
 	*request = C.uintptr_t(h)
-	r = rr
-	return
+	return cres(r)
+}
+
+// recvArgs hands a grouped receive's or flush's C arrays to the glue's one
+// check (commEntry.setRecvBufs), which copies them into e.bufs.
+func recvArgs(call string, e *commEntry, n C.int, data *unsafe.Pointer, sizes64 *C.size_t, sizes32 *C.int, tags *C.int, mhandles *C.uintptr_t) error {
+	if err := e.checkRecvCount(call, int(n)); err != nil {
+		return err
+	}
+	if data == nil || (sizes64 == nil && sizes32 == nil) {
+		return nccl.Errorf(nccl.InvalidArgument, "%s with a NULL data or sizes array", call)
+	}
+	cnt := int(n)
+	dp := unsafe.Slice(data, cnt)
+	for i := 0; i < cnt; i++ {
+		var size int64
+		if sizes64 != nil {
+			size = int64(min(uint64(unsafe.Slice(sizes64, cnt)[i]), nccl.MaxNetSize+1)) // size_t: no sign to lose
+		} else {
+			size = int64(unsafe.Slice(sizes32, cnt)[i])
+		}
+		tag, mh := 0, uintptr(0)
+		if tags != nil {
+			tag = int(unsafe.Slice(tags, cnt)[i])
+		}
+		if mhandles != nil {
+			mh = uintptr(unsafe.Slice(mhandles, cnt)[i])
+		}
+		if err := e.setRecvBuf(call, i, dp[i], size, tag, mh); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 //export goNetIrecv
 func goNetIrecv(comm C.uintptr_t, n C.int, data *unsafe.Pointer, sizes64 *C.size_t, sizes32 *C.int, tags *C.int, mhandles *C.uintptr_t, phandles *C.uintptr_t, request *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("irecv", &r)
+	defer guard("irecv", &res)
 	if request == nil {
-		r = fail("irecv", nccl.Errorf(nccl.InvalidArgument, "request is NULL"))
-		return
+		return nullArg("irecv", "request")
 	}
 	*request = 0 // NCCL presets 0x1 for LL/LL128; always overwrite
 	e, err := lookup(uintptr(comm), tagRecv)
 	if err != nil {
-		r = fail("irecv", err)
-		return
+		return cres(fail("irecv", err))
 	}
-	cnt := int(n)
-	if cnt < 1 || cnt > maxABIRecvs || data == nil || (sizes64 == nil && sizes32 == nil) {
-		r = e.callFailed("irecv", nccl.Errorf(nccl.InvalidArgument, "bad grouped receive: n=%d (expected 1 to %d) or NULL arrays", cnt, maxABIRecvs))
-		return
-	}
-	dp := unsafe.Slice(data, cnt)
-	for i := 0; i < cnt; i++ {
-		b := &e.bufs[i]
-		b.Data = dp[i]
-		if sizes64 != nil {
-			b.Size = int(unsafe.Slice(sizes64, cnt)[i])
-		} else {
-			b.Size = int(unsafe.Slice(sizes32, cnt)[i])
-		}
-		b.Tag = 0
-		if tags != nil {
-			b.Tag = int(unsafe.Slice(tags, cnt)[i])
-		}
-		b.MH = 0
-		if mhandles != nil {
-			b.MH = nccl.MemHandle(unsafe.Slice(mhandles, cnt)[i])
-		}
+	if err := recvArgs("irecv", e, n, data, sizes64, sizes32, tags, mhandles); err != nil {
+		return cres(e.callFailed("irecv", err))
 	}
 	var ph []uintptr
 	if phandles != nil {
-		ph = unsafe.Slice((*uintptr)(unsafe.Pointer(phandles)), cnt)
+		ph = unsafe.Slice((*uintptr)(unsafe.Pointer(phandles)), int(n))
 	}
-	h, rr := e.irecv(cnt, ph)
+	h, r := e.irecv(int(n), ph)
 	*request = C.uintptr_t(h)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetIflush
 func goNetIflush(comm C.uintptr_t, n C.int, data *unsafe.Pointer, sizes *C.int, mhandles *C.uintptr_t, request *C.uintptr_t) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("iflush", &r)
+	defer guard("iflush", &res)
 	if request == nil {
-		r = fail("iflush", nccl.Errorf(nccl.InvalidArgument, "request is NULL"))
-		return
+		return nullArg("iflush", "request")
 	}
 	*request = 0
 	e, err := lookup(uintptr(comm), tagRecv)
 	if err != nil {
-		r = fail("iflush", err)
-		return
+		return cres(fail("iflush", err))
 	}
-	cnt := int(n)
-	if cnt < 1 || cnt > maxABIRecvs || data == nil || sizes == nil {
-		r = e.callFailed("iflush", nccl.Errorf(nccl.InvalidArgument, "bad flush: n=%d (expected 1 to %d) or NULL arrays", cnt, maxABIRecvs))
-		return
+	if err := recvArgs("iflush", e, n, data, nil, sizes, nil, mhandles); err != nil {
+		return cres(e.callFailed("iflush", err))
 	}
-	dp, sp := unsafe.Slice(data, cnt), unsafe.Slice(sizes, cnt)
-	for i := 0; i < cnt; i++ {
-		e.bufs[i] = nccl.RecvBuffer{Data: dp[i], Size: int(sp[i])}
-		if mhandles != nil {
-			e.bufs[i].MH = nccl.MemHandle(unsafe.Slice(mhandles, cnt)[i])
-		}
-	}
-	h, rr := e.iflush(cnt)
+	h, r := e.iflush(int(n))
 	*request = C.uintptr_t(h)
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetTest
 func goNetTest(request C.uintptr_t, done *C.int, sizes *C.int) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("test", &r)
+	defer guard("test", &res)
 	if done == nil {
-		r = fail("test", nccl.Errorf(nccl.InvalidArgument, "done is NULL"))
-		return
+		return nullArg("test", "done")
 	}
 	*done = 0
-	d, rr := netTest(uintptr(request), (*int32)(unsafe.Pointer(sizes)))
+	d, r := netTest(uintptr(request), (*int32)(unsafe.Pointer(sizes)))
 	if d {
 		*done = 1
 	}
-	r = rr
-	return
+	return cres(r)
 }
 
 //export goNetClose
 func goNetClose(comm C.uintptr_t, tag C.int) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("close", &r)
-	r = netClose(uintptr(comm), uint8(tag))
-	return
+	defer guard("close", &res)
+	return cres(netClose(uintptr(comm), uint8(tag)))
 }
 
 //export goNetSetNetAttr
 func goNetSetNetAttr(ctx C.uintptr_t, sendPeers, recvPeers C.int) (res C.ncclResult_t) {
-	r := nccl.InternalError
-	defer func() { res = C.ncclResult_t(r) }()
-	defer recoverResult("setNetAttr", &r)
+	defer guard("setNetAttr", &res)
 	// Hints only (NCCL sends them per transfer); no transport uses them yet.
 	log.Tracef(nccl.SubsysNet, "NET/Go : setNetAttr ctx %#x maxConcurrentPeers send %d recv %d", uintptr(ctx), int(sendPeers), int(recvPeers))
-	r = nccl.Success
-	return
+	return cres(nccl.Success)
 }

@@ -6,7 +6,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
-	"time"
+	"sync/atomic"
 
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -16,22 +16,45 @@ import (
 // most NCCL_PROXY_MAX_SUBS (64) receives and never more than maxRecvs.
 const maxABIRecvs = 64
 
-// state is the process-wide plugin state. NCCL may call init/listen/connect from
-// several application and service threads at once; mu serialises set-up and
-// teardown, never the data path.
+// state is the process-wide plugin state. NCCL calls the plugin from its
+// application, service and progress threads at once (nccl-net-api.md §3.1),
+// and from v11 on it may finalize the last communicator's context while other
+// threads are still inside set-up calls. mu is the transport's lifetime:
+// every set-up call (devices, getProperties, listen, connect, accept, regMr,
+// deregMr, close) holds it shared for as long as it uses the transport; only
+// the first init and the finalize that ends the transport take it
+// exclusively. The data path (isend, irecv, iflush, test) never touches it:
+// a comm that exists keeps the transport alive (finalize waits for the last
+// comm to close).
 var state struct {
-	mu         sync.Mutex
-	ready      bool
-	transport  nccl.Transport
-	apiVersion int
-	ctxRefs    int // v11+ contexts alive
-	devMetrics []*metrics.Device
-	devProps   []nccl.Properties
+	mu        sync.RWMutex
+	ready     bool
+	transport nccl.Transport
+	// Settings read once at the first init, copied into each comm.
+	countMetrics bool
+	stallWarn    int64
+	// v11+ contexts alive. init adds with mu held shared; the finalize that
+	// takes it to 0 then holds mu exclusively and looks again, so a context
+	// created in between keeps the transport.
+	ctxRefs atomic.Int32
+	// The last context went while comms were still open (ncclCommAbort may
+	// leave them to be closed later): the last close finalizes the transport.
+	finalizePending atomic.Bool
+}
+
+// devs caches every device's properties and metrics. Virtual devices appear
+// after init (makeVDevice), so it grows under its own lock, held only briefly
+// by set-up calls that already hold state.mu shared.
+var devs struct {
+	mu      sync.Mutex
+	metrics []*metrics.Device
+	props   []nccl.Properties
 }
 
 // netCtx is what v11+ init returns per communicator: the comm config, which v11
 // moved from connect to init.
 type netCtx struct {
+	gen          uint32
 	trafficClass int
 }
 
@@ -40,18 +63,21 @@ var (
 	comms slotTable[commEntry]
 )
 
-const tagCtx = 0x43 // 'C'
+// onSetup runs once per real initialisation, with the chosen transport and
+// before any other thread can see it: the cgo layer points the C tables'
+// makeVDevice at it, or at NULL (NCCL reads makeVDevice only after init).
+var onSetup func(t nccl.Transport)
 
 // errNotReady is what every call before a successful init gets.
-var errNotReady = nccl.Errorf(nccl.InternalError, "NET/Go : plugin used before init succeeded")
+var errNotReady = nccl.Errorf(nccl.InternalError, "NET/Go : plugin used before init succeeded (or after the last finalize)")
 
-// recoverResult turns a panic inside an exported entry into ncclInternalError
-// with a WARN: a Go panic must never unwind into NCCL's C frames.
-func recoverResult(entry string, res *nccl.Result) {
-	if r := recover(); r != nil {
-		log.Warnf("NET/Go : internal error in %s: %v; please report this with the stack below\n%s", entry, r, debug.Stack())
-		*res = nccl.InternalError
-	}
+// panicResult turns a panic recovered at an exported entry into
+// ncclInternalError with a WARN: a Go panic must never unwind into NCCL's C
+// frames. Every panic is a bug of the glue or the transport: inputs NCCL can
+// get wrong are checked and answered with a plain error before they can panic.
+func panicResult(entry string, r any) nccl.Result {
+	log.Warnf("NET/Go : internal error in %s: %v; please report this with the stack below\n%s", entry, r, debug.Stack())
+	return nccl.InternalError
 }
 
 // fail logs err (a WARN naming the call) and returns its result code.
@@ -61,7 +87,18 @@ func fail(call string, err error) nccl.Result {
 	return res
 }
 
-// chooseTransport runs with state.mu held.
+// acquire returns the transport with state.mu held shared; the caller must
+// state.mu.RUnlock() when it no longer uses the transport.
+func acquire() (nccl.Transport, error) {
+	state.mu.RLock()
+	if !state.ready {
+		state.mu.RUnlock()
+		return nil, errNotReady
+	}
+	return state.transport, nil
+}
+
+// chooseTransport runs with state.mu held exclusively.
 func chooseTransport() (nccl.Transport, error) {
 	regs := nccl.Transports()
 	if len(regs) == 0 {
@@ -100,56 +137,137 @@ func chooseTransport() (nccl.Transport, error) {
 	return nil, nccl.Errorf(nccl.SystemError, "no usable transport (%s)", strings.Join(reasons, "; "))
 }
 
+// setupLocked is the real initialisation, with state.mu held exclusively.
+func setupLocked(version int) error {
+	readDebugLevel()
+	t, err := chooseTransport()
+	if err != nil {
+		return err
+	}
+	state.transport = t
+	state.ready = true
+	if onSetup != nil {
+		onSetup(t)
+	}
+	state.countMetrics = nccl.EnvBool(log, "NCCL_GO_METRICS", true)
+	state.stallWarn = readStallWarn()
+	loadDeviceInfo(t)
+	metrics.Start(log, metrics.Info{PluginVersion: Version, APIVersion: fmt.Sprintf("v%d", version), Transport: t.Name()})
+	log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : libnccl-net-go %s, NCCL net API v%d, transport %s, %s",
+		Version, version, t.Name(), describeDevices())
+	return nil
+}
+
 // netInit is init for every API version. withCtx is true for v11+, which get a
 // per-communicator context back and call finalize for each.
 func netInit(version int, withCtx bool, trafficClass int) (ctx uintptr, res nccl.Result) {
-	state.mu.Lock()
-	defer state.mu.Unlock()
+	state.mu.RLock()
 	if !state.ready {
-		readDebugLevel()
-		t, err := chooseTransport()
-		if err != nil {
-			return 0, fail("init", err)
+		state.mu.RUnlock()
+		state.mu.Lock()
+		defer state.mu.Unlock()
+		if !state.ready {
+			if err := setupLocked(version); err != nil {
+				return 0, fail("init", err)
+			}
 		}
-		state.transport = t
-		state.apiVersion = version
-		state.ready = true
-		countMetrics = nccl.EnvBool(log, "NCCL_GO_METRICS", true)
-		readStallSettings()
-		loadDeviceInfoLocked()
-		metrics.Start(log, metrics.Info{PluginVersion: Version, APIVersion: fmt.Sprintf("v%d", version), Transport: t.Name()})
-		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : libnccl-net-go %s, NCCL net API v%d, transport %s, %s",
-			Version, version, t.Name(), describeDevicesLocked())
+	} else {
+		defer state.mu.RUnlock()
 	}
 	if !withCtx {
 		return 0, nccl.Success
 	}
-	slot, gen, ok := ctxs.add(&netCtx{trafficClass: trafficClass})
+	c := &netCtx{trafficClass: trafficClass}
+	slot, gen, ok := ctxs.add(c, func(_, gen uint32) { c.gen = gen })
 	if !ok {
 		return 0, fail("init", nccl.Errorf(nccl.InternalError, "too many communicators (%d) hold a plugin context", maxSlots))
 	}
-	state.ctxRefs++
+	state.ctxRefs.Add(1)
+	state.finalizePending.Store(false)
 	return commHandle(tagCtx, gen, slot), nccl.Success
 }
 
-func loadDeviceInfoLocked() {
-	n := state.transport.Devices()
-	state.devMetrics = make([]*metrics.Device, n)
-	state.devProps = make([]nccl.Properties, n)
+// lookupCtx resolves a v11+ context handle.
+func lookupCtx(h uintptr) (*netCtx, uint32, error) {
+	tag, gen, slot := splitCommHandle(h)
+	c := ctxs.get(slot)
+	if tag != tagCtx || c == nil || c.gen != gen {
+		return nil, 0, nccl.Errorf(nccl.InvalidArgument, "%#x is not a live context of this plugin (finalized already, or never returned by init)", h)
+	}
+	return c, slot, nil
+}
+
+func netFinalize(h uintptr) nccl.Result {
+	c, slot, err := lookupCtx(h)
+	if err != nil {
+		return fail("finalize", err)
+	}
+	if !ctxs.remove(slot, c) {
+		return fail("finalize", nccl.Errorf(nccl.InvalidArgument, "context %#x finalized twice", h))
+	}
+	if state.ctxRefs.Add(-1) > 0 {
+		return nccl.Success
+	}
+	finalizeIfIdle()
+	return nccl.Success
+}
+
+func finalizeIfIdle() {
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	finalizeIfIdleLocked()
+}
+
+// finalizeIfIdleLocked ends the transport once no context and no comm is left
+// (state.mu held exclusively, so no set-up call is inside the transport and no
+// new context can appear). v8-v10 have no finalize: their transport lives as
+// long as the process.
+func finalizeIfIdleLocked() {
+	if !state.ready || state.ctxRefs.Load() > 0 {
+		return
+	}
+	if n := comms.count(); n > 0 {
+		// ncclCommAbort may finalize before the service thread closed every
+		// comm; the last close finishes the job.
+		state.finalizePending.Store(true)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : last context finalized with %d comm(s) still open; transport %s ends when they are closed", n, state.transport.Name())
+		return
+	}
+	state.finalizePending.Store(false)
+	for _, line := range metrics.Summary() {
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : %s", line)
+	}
+	metrics.Stop()
+	if err := state.transport.Finalize(); err != nil {
+		log.Warnf("NET/Go : transport %s finalize: %v", state.transport.Name(), err)
+	}
+	state.ready = false
+	state.transport = nil
+}
+
+// loadDeviceInfo (re)reads every device's properties and metrics handle.
+func loadDeviceInfo(t nccl.Transport) {
+	devs.mu.Lock()
+	defer devs.mu.Unlock()
+	n := t.Devices()
+	devs.metrics = make([]*metrics.Device, n)
+	devs.props = make([]nccl.Properties, n)
 	for d := 0; d < n; d++ {
-		p, err := state.transport.Properties(d)
+		p, err := normalizedProperties(t, d)
 		if err != nil {
-			p = nccl.Properties{Name: fmt.Sprintf("dev%d", d)}
+			p = nccl.Properties{Name: fmt.Sprintf("dev%d", d), MaxRecvs: 1}
 		}
-		state.devProps[d] = p
-		state.devMetrics[d] = metrics.ForDevice(state.transport.Name(), p.Name, p.Port)
+		devs.props[d] = p
+		devs.metrics[d] = metrics.ForDevice(t.Name(), p.Name, p.Port)
 	}
 }
 
-func describeDevicesLocked() string {
+func describeDevices() string {
+	devs.mu.Lock()
+	defer devs.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d device(s):", len(state.devProps))
-	for d, p := range state.devProps {
+	fmt.Fprintf(&b, "%d device(s):", len(devs.props))
+	for d, p := range devs.props {
 		fmt.Fprintf(&b, " [%d]%s", d, p.Name)
 		if p.Port != 0 {
 			fmt.Fprintf(&b, ":%d", p.Port)
@@ -159,87 +277,66 @@ func describeDevicesLocked() string {
 	return b.String()
 }
 
-// deviceMetrics returns the counters of dev, growing the table when a virtual
-// device appeared after init.
-func deviceMetrics(dev int) *metrics.Device {
-	state.mu.Lock()
-	defer state.mu.Unlock()
-	if !state.ready {
-		return metrics.ForDevice("none", fmt.Sprintf("dev%d", dev), 0)
+// deviceInfo returns dev's counters and its largest grouped receive, reloading
+// the cache when a virtual device appeared after init. The caller holds
+// state.mu shared.
+func deviceInfo(t nccl.Transport, dev int) (*metrics.Device, int) {
+	devs.mu.Lock()
+	stale := dev >= len(devs.metrics)
+	devs.mu.Unlock()
+	if stale {
+		loadDeviceInfo(t)
 	}
-	if dev >= len(state.devMetrics) {
-		loadDeviceInfoLocked()
+	devs.mu.Lock()
+	defer devs.mu.Unlock()
+	if dev < 0 || dev >= len(devs.metrics) {
+		return metrics.ForDevice(t.Name(), fmt.Sprintf("dev%d", dev), 0), 1
 	}
-	if dev < 0 || dev >= len(state.devMetrics) {
-		return metrics.ForDevice(state.transport.Name(), fmt.Sprintf("dev%d", dev), 0)
-	}
-	return state.devMetrics[dev]
-}
-
-func netFinalize(ctx uintptr) (res nccl.Result) {
-	tag, gen, slot := splitCommHandle(ctx)
-	c := ctxs.get(slot)
-	if tag != tagCtx || c == nil || uint32(gen) == 0 {
-		return fail("finalize", nccl.Errorf(nccl.InternalError, "finalize got an unknown context %#x", ctx))
-	}
-	if !ctxs.remove(slot, c) {
-		return fail("finalize", nccl.Errorf(nccl.InternalError, "context %#x finalized twice", ctx))
-	}
-	state.mu.Lock()
-	defer state.mu.Unlock()
-	state.ctxRefs--
-	if state.ctxRefs > 0 || !state.ready {
-		return nccl.Success
-	}
-	for _, line := range metrics.Summary() {
-		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : %s", line)
-	}
-	if n := comms.count(); n > 0 {
-		// NCCL 2.28+ may dlclose us after this; with comms still open the
-		// transport must live on (a Go library is never really unloaded).
-		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : last context finalized with %d comm(s) still open; keeping transport %s", n, state.transport.Name())
-		return nccl.Success
-	}
-	metrics.Stop()
-	if err := state.transport.Finalize(); err != nil {
-		log.Warnf("NET/Go : transport %s finalize: %v", state.transport.Name(), err)
-	}
-	state.ready = false
-	state.transport = nil
-	return nccl.Success
-}
-
-func readyTransport() (nccl.Transport, error) {
-	state.mu.Lock()
-	defer state.mu.Unlock()
-	if !state.ready {
-		return nil, errNotReady
-	}
-	return state.transport, nil
+	return devs.metrics[dev], devs.props[dev].MaxRecvs
 }
 
 func netDevices() (int, nccl.Result) {
-	t, err := readyTransport()
+	t, err := acquire()
 	if err != nil {
 		return 0, fail("devices", err)
 	}
+	defer state.mu.RUnlock()
 	return t.Devices(), nccl.Success
 }
 
+// checkDev validates a device index from NCCL.
+func checkDev(t nccl.Transport, dev int) error {
+	if n := t.Devices(); dev < 0 || dev >= n {
+		return nccl.Errorf(nccl.InvalidArgument, "device %d out of range [0,%d)", dev, n)
+	}
+	return nil
+}
+
 // netProperties returns dev's properties with every field NCCL validates made
-// valid: NCCL rejects maxP2pBytes outside (0, 2^40] and treats maxRecvs < 1 as
-// a broken plugin.
+// valid.
 func netProperties(dev int) (nccl.Properties, nccl.Result) {
-	t, err := readyTransport()
+	t, err := acquire()
 	if err != nil {
 		return nccl.Properties{}, fail("getProperties", err)
 	}
-	if dev < 0 || dev >= t.Devices() {
-		return nccl.Properties{}, fail("getProperties", nccl.Errorf(nccl.InvalidArgument, "device %d out of range [0,%d)", dev, t.Devices()))
+	defer state.mu.RUnlock()
+	if err := checkDev(t, dev); err != nil {
+		return nccl.Properties{}, fail("getProperties", err)
 	}
+	p, err := normalizedProperties(t, dev)
+	if err != nil {
+		return nccl.Properties{}, fail("getProperties", err)
+	}
+	return p, nccl.Success
+}
+
+// normalizedProperties fills what NCCL validates: it rejects maxP2pBytes
+// outside (0, 2^40] and treats maxRecvs < 1 as a broken plugin; the glue's
+// ABI takes at most maxABIRecvs buffers in a grouped receive.
+func normalizedProperties(t nccl.Transport, dev int) (nccl.Properties, error) {
 	p, err := t.Properties(dev)
 	if err != nil {
-		return nccl.Properties{}, fail("getProperties", err)
+		return p, err
 	}
 	if p.Name == "" {
 		p.Name = fmt.Sprintf("%s%d", t.Name(), dev)
@@ -253,9 +350,7 @@ func netProperties(dev int) (nccl.Properties, nccl.Result) {
 	if p.MaxMultiRequestSize < 1 {
 		p.MaxMultiRequestSize = 1
 	}
-	if p.MaxRecvs < 1 {
-		p.MaxRecvs = 1
-	}
+	p.MaxRecvs = min(max(p.MaxRecvs, 1), maxABIRecvs)
 	if p.MaxComms < 1 {
 		p.MaxComms = 1
 	}
@@ -268,33 +363,33 @@ func netProperties(dev int) (nccl.Properties, nccl.Result) {
 	if len(p.VDevs) == 0 {
 		p.VDevs = []int{dev}
 	}
-	return p, nccl.Success
+	return p, nil
 }
 
-func netMakeVDevice(devs []int, maxDevs int) (int, nccl.Result) {
-	t, err := readyTransport()
+func netMakeVDevice(devList []int, maxDevs int) (int, nccl.Result) {
+	t, err := acquire()
 	if err != nil {
 		return -1, fail("makeVDevice", err)
 	}
-	if len(devs) < 1 || len(devs) > maxDevs {
-		return -1, fail("makeVDevice", nccl.Errorf(nccl.InvalidUsage, "cannot fuse %d devices; this API version allows 1 to %d", len(devs), maxDevs))
+	defer state.mu.RUnlock()
+	if len(devList) < 1 || len(devList) > maxDevs {
+		return -1, fail("makeVDevice", nccl.Errorf(nccl.InvalidUsage, "cannot fuse %d devices; this API version allows 1 to %d", len(devList), maxDevs))
 	}
-	n := t.Devices()
-	for _, d := range devs {
-		if d < 0 || d >= n {
-			return -1, fail("makeVDevice", nccl.Errorf(nccl.InvalidArgument, "device %d out of range [0,%d)", d, n))
+	for _, d := range devList {
+		if err := checkDev(t, d); err != nil {
+			return -1, fail("makeVDevice", err)
 		}
 	}
 	vm, ok := t.(nccl.VDeviceMaker)
 	if !ok {
 		// NCCL 2.24-2.26 asks for single-device "fusions" too; the device itself
 		// is the answer. Real fusion needs a transport that can stripe.
-		if len(devs) == 1 {
-			return devs[0], nccl.Success
+		if len(devList) == 1 {
+			return devList[0], nccl.Success
 		}
 		return -1, fail("makeVDevice", nccl.Errorf(nccl.InvalidUsage, "transport %s cannot fuse devices; unset NCCL_NET_FORCE_MERGE or lower NCCL_NET_MERGE_LEVEL", t.Name()))
 	}
-	d, err := vm.MakeVDevice(devs)
+	d, err := vm.MakeVDevice(devList)
 	if err != nil {
 		return -1, fail("makeVDevice", err)
 	}
@@ -306,127 +401,9 @@ func trafficClassOf(ctx uintptr) (int, error) {
 	if ctx == 0 {
 		return nccl.TrafficClassUndef, nil
 	}
-	tag, gen, slot := splitCommHandle(ctx)
-	c := ctxs.get(slot)
-	if tag != tagCtx || c == nil || gen == 0 {
-		return 0, nccl.Errorf(nccl.InternalError, "unknown plugin context %#x", ctx)
+	c, _, err := lookupCtx(ctx)
+	if err != nil {
+		return 0, err
 	}
 	return c.trafficClass, nil
-}
-
-func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
-	t, err := readyTransport()
-	if err != nil {
-		return 0, fail("listen", err)
-	}
-	if dev < 0 || dev >= t.Devices() {
-		return 0, fail("listen", nccl.Errorf(nccl.InvalidArgument, "device %d out of range [0,%d)", dev, t.Devices()))
-	}
-	l, err := t.Listen(dev, handle)
-	if err != nil {
-		return 0, fail("listen", err)
-	}
-	e := &commEntry{tag: tagListen, dev: dev, listener: l}
-	h, err := e.register()
-	if err != nil {
-		_ = l.Close()
-		return 0, fail("listen", err)
-	}
-	return h, nccl.Success
-}
-
-func netConnect(dev int, trafficClass int, handle *nccl.Handle) (uintptr, nccl.Result) {
-	t, err := readyTransport()
-	if err != nil {
-		return 0, fail("connect", err)
-	}
-	if dev < 0 || dev >= t.Devices() {
-		return 0, fail("connect", nccl.Errorf(nccl.InvalidArgument, "device %d out of range [0,%d)", dev, t.Devices()))
-	}
-	sc, err := t.Connect(dev, handle, nccl.ConnectOptions{TrafficClass: trafficClass})
-	if err != nil {
-		deviceMetrics(dev).CallFailed(metrics.Send, metrics.KindOf(nccl.ResultOf(err)))
-		return 0, fail("connect", err)
-	}
-	if sc == nil {
-		return 0, nccl.Success // not ready; NCCL calls again with the same handle
-	}
-	e := newDataEntry(tagSend, dev)
-	e.send = sc
-	e.comm = sc
-	h, err := e.register()
-	if err != nil {
-		_ = sc.Close()
-		return 0, fail("connect", err)
-	}
-	e.m.ConnOpened(metrics.Send)
-	return h, nccl.Success
-}
-
-func netAccept(listenH uintptr) (uintptr, nccl.Result) {
-	l, err := lookup(listenH, tagListen)
-	if err != nil {
-		return 0, fail("accept", err)
-	}
-	rc, err := l.listener.Accept()
-	if err != nil {
-		deviceMetrics(l.dev).CallFailed(metrics.Recv, metrics.KindOf(nccl.ResultOf(err)))
-		return 0, fail("accept", err)
-	}
-	if rc == nil {
-		return 0, nccl.Success
-	}
-	e := newDataEntry(tagRecv, l.dev)
-	e.recv = rc
-	e.comm = rc
-	h, err := e.register()
-	if err != nil {
-		_ = rc.Close()
-		return 0, fail("accept", err)
-	}
-	e.m.ConnOpened(metrics.Recv)
-	return h, nccl.Success
-}
-
-// closeTimeout bounds how long close waits for a transport's Close: NCCL calls
-// close during ncclCommAbort, where a hang would hang the application.
-var closeTimeout = 10 * time.Second
-
-func netClose(h uintptr, tag uint8) nccl.Result {
-	call := map[uint8]string{tagSend: "closeSend", tagRecv: "closeRecv", tagListen: "closeListen"}[tag]
-	e, err := lookup(h, tag)
-	if err != nil {
-		return fail(call, err)
-	}
-	if !comms.remove(e.slot, e) {
-		return fail(call, nccl.Errorf(nccl.InternalError, "%s: handle %#x closed twice", call, h))
-	}
-	var closer interface{ Close() error } = e.listener
-	if tag != tagListen {
-		closer = e.comm
-		e.abandonRequests()
-		dir := metrics.Send
-		if tag == tagRecv {
-			dir = metrics.Recv
-		}
-		e.m.ConnClosed(dir)
-	}
-	done := make(chan error, 1)
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				done <- fmt.Errorf("panic in Close: %v", r)
-			}
-		}()
-		done <- closer.Close()
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			log.Warnf("NET/Go : %s: %v", call, err)
-		}
-	case <-time.After(closeTimeout):
-		log.Warnf("NET/Go : %s: transport did not close within %v; continuing without waiting", call, closeTimeout)
-	}
-	return nccl.Success
 }

@@ -1,5 +1,7 @@
 package plugin
 
+import "sync/atomic"
+
 // NCCL's profiler (v10+) gets a start and a stop event per network request
 // whose proxy step carries a profiler handle (phandle). The event descriptor
 // is ncclGoProfilerNetDesc_v1 (docs/metrics.md): pluginId = profPluginID.
@@ -14,41 +16,43 @@ const (
 	profPluginID = 0x47<<16 | 1
 )
 
-// profiler is installed by the cgo layer when NCCL passed a profiler callback
-// to init; nil otherwise (NCCL must never be called with a NULL callback).
+// profilerHooks calls NCCL's profiler callback (the cgo layer implements it).
 type profilerHooks interface {
 	start(phandle uintptr, typ int, dev int, size int64, tag int, reqHandle uintptr) (event uintptr)
 	stop(event uintptr)
 }
 
-var profiler profilerHooks
+// profiler is the callback the latest init passed (v10+; NCCL passes the
+// same one to every communicator's init). init runs on application threads
+// while other communicators move data, so it is published atomically and each
+// comm copies it once, at connect/accept; the data path reads the comm's copy.
+var profiler atomic.Pointer[profilerHooks]
 
-func (e *commEntry) profStart(id int, r *reqState, phandle uintptr, typ int, size int64, tag int) {
-	p := profiler
-	if p == nil || r.events >= maxProfEvents {
+func setProfiler(p profilerHooks) { profiler.Store(&p) }
+
+func currentProfiler() profilerHooks {
+	if p := profiler.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (e *commEntry) profStart(idx int, r *reqState, phandle uintptr, typ int, size int64, tag int) {
+	if e.prof == nil || r.events >= maxProfEvents {
 		return
 	}
-	if e.events == nil {
-		e.events = make([][maxProfEvents]uintptr, len(e.reqs))
-	}
-	ev := p.start(phandle, typ, e.dev, size, tag, e.requestHandle(0, false)|uintptr(id))
+	ev := e.prof.start(phandle, typ, e.dev, size, tag, e.requestHandle(idx))
 	if ev == 0 {
 		return
 	}
-	e.events[id][r.events] = ev
+	e.events[idx][r.events] = ev
 	r.events++
 }
 
-func (e *commEntry) profStopAll(id int, r *reqState) {
-	if r.events == 0 {
-		return
-	}
-	p := profiler
+func (e *commEntry) profStopAll(idx int, r *reqState) {
 	for i := int8(0); i < r.events; i++ {
-		if p != nil {
-			p.stop(e.events[id][i])
-		}
-		e.events[id][i] = 0
+		e.prof.stop(e.events[idx][i])
+		e.events[idx][i] = 0
 	}
 	r.events = 0
 }

@@ -12,22 +12,18 @@ import (
 //	bits 63..56 kind tag | 55..24 generation | 23..0 slot
 //
 // so it is never 0 or 1 and never a valid user-space address. Request handles
-// pack the comm's slot and generation with the transport's request id:
-//
-//	bits 63..56 tagRequest | 55..40 generation (low 16 bits) | 39..16 slot | 15 flush flag | 14..0 request id
+// are described in requests.go.
 const (
-	tagListen  = 0x4c // 'L'
-	tagSend    = 0x53 // 'S'
-	tagRecv    = 0x52 // 'R'
-	tagRequest = 0x51 // 'Q'
+	tagListen = 0x4c // 'L'
+	tagSend   = 0x53 // 'S'
+	tagRecv   = 0x52 // 'R'
+	tagCtx    = 0x43 // 'C': a v11+ per-communicator context
 
-	slotBits  = 16
-	pageBits  = 8
-	maxSlots  = 1 << slotBits
-	pageSize  = 1 << pageBits
-	numPages  = maxSlots / pageSize
-	flushFlag = 1 << 15
-	reqIDMask = flushFlag - 1
+	slotBits = 16
+	pageBits = 8
+	maxSlots = 1 << slotBits
+	pageSize = 1 << pageBits
+	numPages = maxSlots / pageSize
 )
 
 func commHandle(tag uint8, gen uint32, slot uint32) uintptr {
@@ -36,21 +32,6 @@ func commHandle(tag uint8, gen uint32, slot uint32) uintptr {
 
 func splitCommHandle(h uintptr) (tag uint8, gen uint32, slot uint32) {
 	return uint8(h >> 56), uint32(h>>24) & 0xffffffff, uint32(h) & 0xffffff
-}
-
-func requestHandle(gen uint32, slot uint32, id int32, flush bool) uintptr {
-	h := uintptr(tagRequest)<<56 | uintptr(gen&0xffff)<<40 | uintptr(slot)<<16 | uintptr(id)&reqIDMask
-	if flush {
-		h |= flushFlag
-	}
-	return h
-}
-
-func splitRequestHandle(h uintptr) (ok bool, gen16 uint32, slot uint32, id int32, flush bool) {
-	if uint8(h>>56) != tagRequest {
-		return false, 0, 0, 0, false
-	}
-	return true, uint32(h>>40) & 0xffff, uint32(h>>16) & 0xffffff, int32(h & reqIDMask), h&flushFlag != 0
 }
 
 // slotTable maps slot indices to entries. Lookups are lock-free (two atomic
@@ -66,8 +47,9 @@ type slotTable[T any] struct {
 }
 
 // add stores e and returns its slot and a fresh generation, or ok=false when
-// the table is full.
-func (t *slotTable[T]) add(e *T) (slot uint32, gen uint32, ok bool) {
+// the table is full. bind (may be nil) sees both before e is published, so a
+// lock-free reader that finds e also finds them set.
+func (t *slotTable[T]) add(e *T, bind func(slot, gen uint32)) (slot uint32, gen uint32, ok bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if n := len(t.free); n > 0 {
@@ -89,6 +71,9 @@ func (t *slotTable[T]) add(e *T) (slot uint32, gen uint32, ok bool) {
 		page = new([pageSize]atomic.Pointer[T])
 		t.pages[slot>>pageBits].Store(page)
 	}
+	if bind != nil {
+		bind(slot, t.gen)
+	}
 	page[slot&(pageSize-1)].Store(e)
 	t.used++
 	return slot, t.gen, true
@@ -107,6 +92,9 @@ func (t *slotTable[T]) get(slot uint32) *T {
 
 // remove clears slot if it still holds e.
 func (t *slotTable[T]) remove(slot uint32, e *T) bool {
+	if slot >= maxSlots {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	page := t.pages[slot>>pageBits].Load()

@@ -14,6 +14,7 @@
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include "shims.h"
 #include "_cgo_export.h"
 
@@ -22,10 +23,6 @@
 #endif
 
 #define EXPORT __attribute__((visibility("default")))
-#define TAG_SEND 0x53
-#define TAG_RECV 0x52
-#define TAG_LISTEN 0x4c
-#define NCCL_GO_PROF_PLUGIN_ID ((0x47 << 16) | 1)
 
 /* ---- helpers called from Go ---- */
 
@@ -86,9 +83,9 @@ static ncclResult_t s_iflush(void* recvComm, int n, void** data, int* sizes, voi
 static ncclResult_t s_test(void* request, int* done, int* sizes) {
   return goNetTest((uintptr_t)request, done, sizes);
 }
-static ncclResult_t s_closeSend(void* c) { return goNetClose((uintptr_t)c, TAG_SEND); }
-static ncclResult_t s_closeRecv(void* c) { return goNetClose((uintptr_t)c, TAG_RECV); }
-static ncclResult_t s_closeListen(void* c) { return goNetClose((uintptr_t)c, TAG_LISTEN); }
+static ncclResult_t s_closeSend(void* c) { return goNetClose((uintptr_t)c, NCCL_GO_TAG_SEND); }
+static ncclResult_t s_closeRecv(void* c) { return goNetClose((uintptr_t)c, NCCL_GO_TAG_RECV); }
+static ncclResult_t s_closeListen(void* c) { return goNetClose((uintptr_t)c, NCCL_GO_TAG_LISTEN); }
 
 /* ---- v8 (NCCL 2.20-2.23): int sizes, init(logger) ---- */
 
@@ -115,9 +112,9 @@ static ncclResult_t v9_irecv(void* recvComm, int n, void** data, size_t* sizes, 
                              void** request) {
   return goNetIrecv((uintptr_t)recvComm, n, data, sizes, NULL, tags, (uintptr_t*)mhandles, NULL, (uintptr_t*)request);
 }
+/* A NULL props reaches Go as ndevs -1, which it refuses with a WARN. */
 static ncclResult_t v9_makeVDevice(int* d, ncclNetVDeviceProps_v9_t* props) {
-  if (props == NULL) return ncclInvalidArgument;
-  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V9, d, props->ndevs, props->devs);
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V9, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 
 /* ---- v10 (NCCL 2.26-2.27): profiler, connect config, phandles ---- */
@@ -146,16 +143,22 @@ static ncclResult_t v10_irecv(void* recvComm, int n, void** data, size_t* sizes,
 
 /* ---- v11 (NCCL 2.28-2.29) and v12 (2.30+): per-communicator init/finalize ---- */
 
+/* v11+ must hand back a context: without somewhere to put it, refuse (Go
+ * would take a NULL ctx for a v10-style init). */
+static ncclResult_t noCtx(ncclDebugLogger_t logFn) {
+  ncclGoLog(logFn, NCCL_LOG_WARN, ~0UL, "NET/Go : init failed: ctx is NULL (ncclInvalidArgument)");
+  return ncclInvalidArgument;
+}
 static ncclResult_t v11_init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_t* config, ncclDebugLogger_t logFn,
                              ncclProfilerCallback_t profFn) {
   (void)commId;
-  if (ctx == NULL) return ncclInvalidArgument;
+  if (ctx == NULL) return noCtx(logFn);
   return goNetInit(11, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
 static ncclResult_t v12_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config, ncclDebugLogger_t logFn,
                              ncclProfilerCallback_t profFn) {
   (void)commId;
-  if (ctx == NULL) return ncclInvalidArgument;
+  if (ctx == NULL) return noCtx(logFn);
   return goNetInit(12, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
 static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) { return goNetGetProperties(11, dev, props); }
@@ -169,12 +172,10 @@ static ncclResult_t v11_connect(void* ctx, int dev, void* handle, void** sendCom
   return goNetConnect((uintptr_t)ctx, dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, (uintptr_t*)sendComm);
 }
 static ncclResult_t v11_makeVDevice(int* d, ncclNetVDeviceProps_v11_t* props) {
-  if (props == NULL) return ncclInvalidArgument;
-  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V11, d, props->ndevs, props->devs);
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V11, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 static ncclResult_t v12_makeVDevice(int* d, ncclNetVDeviceProps_v12_t* props) {
-  if (props == NULL) return ncclInvalidArgument;
-  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V12, d, props->ndevs, props->devs);
+  return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V12, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 static ncclResult_t v11_finalize(void* ctx) { return goNetFinalize((uintptr_t)ctx); }
 static ncclResult_t v11_setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
@@ -183,8 +184,9 @@ static ncclResult_t v11_setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
 }
 
 /* ---- the exported tables ----
- * Not const: init clears makeVDevice when the chosen transport cannot fuse
- * devices, as NCCL's own socket transport leaves it NULL. */
+ * Not const: the first init sets makeVDevice to NULL when the chosen transport
+ * cannot fuse devices, as NCCL's own socket transport leaves it (before NCCL
+ * reads it: NCCL looks at makeVDevice only after init returned). */
 
 #ifndef NCCL_GO_ONLY_V9_V10
 EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
@@ -222,11 +224,72 @@ EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
 };
 #endif
 
-void ncclGoDisableVDevice(void) {
+void ncclGoSetVDevice(int enabled) {
 #ifndef NCCL_GO_ONLY_V9_V10
-  ncclNetPlugin_v12.makeVDevice = NULL;
-  ncclNetPlugin_v11.makeVDevice = NULL;
+  ncclNetPlugin_v12.makeVDevice = enabled ? v12_makeVDevice : NULL;
+  ncclNetPlugin_v11.makeVDevice = enabled ? v11_makeVDevice : NULL;
 #endif
-  ncclNetPlugin_v10.makeVDevice = NULL;
-  ncclNetPlugin_v9.makeVDevice = NULL;
+  ncclNetPlugin_v10.makeVDevice = enabled ? v9_makeVDevice : NULL;
+  ncclNetPlugin_v9.makeVDevice = enabled ? v9_makeVDevice : NULL;
+}
+
+/* ---- properties per version ----
+ * The Go side fills the newest layout once; older ones are the same fields in
+ * the same order, minus what later versions added (nccl-net-api.md §1.5), so
+ * each step down drops fields, as NCCL's adapters do going up. */
+
+#define PUT_V8_FIELDS(d, s)                                                                  \
+  do {                                                                                       \
+    (d)->name = (s)->name;                                                                   \
+    (d)->pciPath = (s)->pciPath;                                                             \
+    (d)->guid = (s)->guid;                                                                   \
+    (d)->ptrSupport = (s)->ptrSupport;                                                       \
+    (d)->regIsGlobal = (s)->regIsGlobal;                                                     \
+    (d)->speed = (s)->speed;                                                                 \
+    (d)->port = (s)->port;                                                                   \
+    (d)->latency = (s)->latency;                                                             \
+    (d)->maxComms = (s)->maxComms;                                                           \
+    (d)->maxRecvs = (s)->maxRecvs;                                                           \
+    (d)->netDeviceType = (s)->netDeviceType;                                                 \
+    (d)->netDeviceVersion = (s)->netDeviceVersion;                                           \
+  } while (0)
+
+#define PUT_V9_FIELDS(d, s)                                                                  \
+  do {                                                                                       \
+    PUT_V8_FIELDS(d, s);                                                                     \
+    (d)->forceFlush = (s)->forceFlush;                                                       \
+    int n_ = (int)(sizeof((d)->vProps.devs) / sizeof((d)->vProps.devs[0]));                  \
+    (d)->vProps.ndevs = (s)->vProps.ndevs < n_ ? (s)->vProps.ndevs : n_;                     \
+    for (int i_ = 0; i_ < (d)->vProps.ndevs; i_++) (d)->vProps.devs[i_] = (s)->vProps.devs[i_]; \
+    (d)->maxP2pBytes = (s)->maxP2pBytes;                                                     \
+    (d)->maxCollBytes = (s)->maxCollBytes;                                                   \
+  } while (0)
+
+int ncclGoPutProperties(int version, const ncclNetProperties_v12_t* s, void* dst) {
+  switch (version) {
+    case 8: {
+      ncclNetProperties_v8_t* d = dst;
+      memset(d, 0, sizeof *d);
+      PUT_V8_FIELDS(d, s);
+      return 0;
+    }
+    case 9:
+    case 10: {
+      ncclNetProperties_v9_t* d = dst; /* v10 is the v9 layout */
+      memset(d, 0, sizeof *d);
+      PUT_V9_FIELDS(d, s);
+      return 0;
+    }
+    case 11: {
+      ncclNetProperties_v11_t* d = dst;
+      memset(d, 0, sizeof *d);
+      PUT_V9_FIELDS(d, s);
+      d->maxMultiRequestSize = s->maxMultiRequestSize;
+      return 0;
+    }
+    case 12:
+      memcpy(dst, s, sizeof *s);
+      return 0;
+  }
+  return -1;
 }

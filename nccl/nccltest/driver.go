@@ -354,8 +354,8 @@ func (f *flow) postSend() {
 }
 
 func checkRequest(h *H, r nccl.Request, call string) {
-	if r < 0 || r > nccl.MaxRequestID {
-		h.fatalf("%s returned request %d, outside [0, %d]", call, r, nccl.MaxRequestID)
+	if r < 0 {
+		h.fatalf("%s returned request %d; requests are non-negative (nccl.NoRequest means retry)", call, r)
 	}
 }
 
@@ -509,12 +509,12 @@ func (h *H) props() nccl.Properties {
 	return p
 }
 
-// maxRecvs is the device's MaxRecvs, capped so that 32 × maxRecvs sends fit
-// the glue's request ids.
+// maxRecvs is the device's MaxRecvs, capped at the 64 buffers NCCL groups at
+// most (NCCL_PROXY_MAX_SUBS), as the glue caps it.
 func (h *H) maxRecvs() int {
 	n := h.props().MaxRecvs
 	if n < 1 {
 		n = 1
 	}
-	return min(n, (int(nccl.MaxRequestID)+1)/nccl.MaxRequests)
+	return min(n, 64)
 }

@@ -61,7 +61,7 @@ func (l *fakeListener) Close() error                   { return nil }
 type fakeSend struct {
 	t      *fakeTransport
 	next   nccl.Request
-	sizes  [nccl.MaxRequestID + 1]int
+	sizes  [32]int
 	retry  bool
 	badID  bool
 	closed bool
@@ -76,7 +76,7 @@ func (s *fakeSend) Isend(data unsafe.Pointer, size, tag int, mh nccl.MemHandle) 
 		return nccl.NoRequest, nil
 	}
 	if s.badID {
-		return nccl.MaxRequestID + 1, nil
+		return -5, nil // negative and not NoRequest: a transport bug
 	}
 	id := s.next
 	s.next = (s.next + 1) % 32
@@ -95,7 +95,7 @@ type fakeRecv struct {
 	next    nccl.Request
 	done    bool
 	fail    error
-	posted  [nccl.MaxRequestID + 1][]int
+	posted  [128][]int
 	flushes int
 }
 
@@ -167,8 +167,11 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	t.Cleanup(func() {
 		state.mu.Lock()
-		state.ready, state.transport, state.ctxRefs = false, nil, 0
+		state.ready, state.transport = false, nil
+		state.ctxRefs.Store(0)
+		state.finalizePending.Store(false)
 		state.mu.Unlock()
+		profiler.Store(nil)
 		// Comms or contexts a test left open must not make a later test's
 		// finalize keep its transport (go test -count=N, -shuffle).
 		clearSlots(&comms)
@@ -220,13 +223,13 @@ func TestHandlesAreNeverNullOrOneAndRoundTrip(t *testing.T) {
 		assert.Equal(t, uint32(0xdeadbeef), gg)
 		assert.Equal(t, uint32(0xabcde), gs)
 	}
-	r := requestHandle(0x12345, 77, 1023, true)
-	ok, g, s, id, fl := splitRequestHandle(r)
+	r := requestHandle(0x12345, 0xfedc, 0xabc, maxReqSlots-1)
+	ok, g, s, gen, idx := splitRequestHandle(r)
 	assert.True(t, ok)
 	assert.Equal(t, uint32(0x2345), g)
-	assert.Equal(t, uint32(77), s)
-	assert.Equal(t, int32(1023), id)
-	assert.True(t, fl)
+	assert.Equal(t, uint32(0xfedc), s)
+	assert.Equal(t, uint16(0xabc), gen)
+	assert.Equal(t, maxReqSlots-1, idx)
 	ok, _, _, _, _ = splitRequestHandle(1)
 	assert.False(t, ok, "0x1 (NCCL's LL marker) must not decode as a request")
 }
@@ -234,14 +237,16 @@ func TestHandlesAreNeverNullOrOneAndRoundTrip(t *testing.T) {
 func TestSlotTableReuseBumpsGeneration(t *testing.T) {
 	var tab slotTable[int]
 	a, b := 1, 2
-	s1, g1, ok := tab.add(&a)
+	s1, g1, ok := tab.add(&a, nil)
 	require.True(t, ok)
 	require.True(t, tab.remove(s1, &a))
 	assert.False(t, tab.remove(s1, &a), "double remove")
-	s2, g2, ok := tab.add(&b)
+	var bound [2]uint32
+	s2, g2, ok := tab.add(&b, func(slot, gen uint32) { bound = [2]uint32{slot, gen} })
 	require.True(t, ok)
 	assert.Equal(t, s1, s2, "freed slot is reused")
 	assert.NotEqual(t, g1, g2, "with a new generation")
+	assert.Equal(t, [2]uint32{s2, g2}, bound, "bind sees slot and generation")
 	assert.Equal(t, &b, tab.get(s2))
 	assert.Nil(t, tab.get(maxSlots+5))
 }
@@ -261,7 +266,7 @@ func TestInitOnceAndV11Refcount(t *testing.T) {
 	assert.Equal(t, 3, tc, "v11 config travels with the context")
 	require.Equal(t, nccl.Success, netFinalize(c1))
 	assert.Equal(t, 0, f.finals, "still one communicator")
-	assert.Equal(t, nccl.InternalError, netFinalize(c1), "finalize twice is caught")
+	assert.Equal(t, nccl.InvalidArgument, netFinalize(c1), "finalize twice is caught")
 	require.Equal(t, nccl.Success, netFinalize(c2))
 	assert.Equal(t, 1, f.finals)
 	// NCCL 2.28+ "unloads" and loads again: init must work once more.
@@ -291,7 +296,9 @@ func TestFallbackToNextTransportOnNoDevice(t *testing.T) {
 	sink := setup(t, map[string]string{"NCCL_DEBUG": "INFO"})
 	_, res := netInit(9, false, -1)
 	require.Equal(t, nccl.Success, res)
-	tr, _ := readyTransport()
+	tr, err := acquire()
+	require.NoError(t, err)
+	state.mu.RUnlock()
 	assert.Equal(t, sock.name, tr.Name())
 	assert.Empty(t, sink.warns(), "missing RDMA is not a warning")
 	joined := strings.Join(sink.lines, "\n")
@@ -379,7 +386,7 @@ func TestDataPathCountsBytesAndWritesSizes(t *testing.T) {
 	require.True(t, done)
 	assert.EqualValues(t, 48, sz)
 	_, res = netTest(req, nil)
-	assert.Equal(t, nccl.InternalError, res, "testing a completed request again is caught")
+	assert.Equal(t, nccl.InvalidArgument, res, "testing a completed request again is caught")
 
 	recv.bufs[0] = nccl.RecvBuffer{Data: unsafe.Pointer(&buf[0]), Size: 64, Tag: 3}
 	recv.bufs[1] = nccl.RecvBuffer{Data: unsafe.Pointer(&buf[0]), Size: 20, Tag: 3}
@@ -403,7 +410,7 @@ func TestDataPathCountsBytesAndWritesSizes(t *testing.T) {
 	require.Equal(t, nccl.Success, netClose(sh, tagSend))
 	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
 	_, res = netIsend(sh, nil, 0, 0, 0, 0)
-	assert.Equal(t, nccl.InternalError, res, "a closed comm's handle is rejected")
+	assert.Equal(t, nccl.InvalidArgument, res, "a closed comm's handle is rejected")
 }
 
 func TestRetryAndBadRequestIDs(t *testing.T) {
@@ -494,14 +501,18 @@ func TestCloseWithOutstandingRequestsSettlesInflight(t *testing.T) {
 	assert.EqualValues(t, 5, recv.m.Snapshot().Inflight[metrics.Recv])
 	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
 	assert.EqualValues(t, 0, recv.m.Snapshot().Inflight[metrics.Recv])
-	assert.Equal(t, nccl.InternalError, netClose(rh, tagRecv), "closing twice is caught")
+	assert.Equal(t, nccl.InvalidArgument, netClose(rh, tagRecv), "closing twice is caught")
 }
 
 func TestRecoverTurnsPanicIntoInternalError(t *testing.T) {
 	sink := setup(t, nil)
 	call := func() (r nccl.Result) {
 		r = nccl.Success
-		defer recoverResult("test", &r)
+		defer func() {
+			if p := recover(); p != nil {
+				r = panicResult("test", p)
+			}
+		}()
 		panic(errors.New("boom"))
 	}
 	assert.Equal(t, nccl.InternalError, call())
@@ -536,7 +547,7 @@ func BenchmarkIsendTest(b *testing.B) {
 			if _, res := netInit(10, false, -1); res != nccl.Success {
 				b.Fatal(res)
 			}
-			countMetrics = on
+			state.countMetrics = on
 			var handle nccl.Handle
 			handle[0] = 1
 			sh, _ := netConnect(0, -1, &handle)
@@ -554,8 +565,220 @@ func BenchmarkIsendTest(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			countMetrics = true
 			netClose(sh, tagSend)
 		})
 	}
+}
+
+// countingProfiler stands in for NCCL's profiler callback.
+type countingProfiler struct{ starts, stops int }
+
+func (p *countingProfiler) start(phandle uintptr, _ int, _ int, _ int64, _ int, _ uintptr) uintptr {
+	p.starts++
+	return uintptr(p.starts)
+}
+func (p *countingProfiler) stop(uintptr) { p.stops++ }
+
+// The data path, with metrics, stall checks and profiler events on, never
+// allocates (it runs millions of times a second on NCCL's progress thread).
+func TestDataPathDoesNotAllocate(t *testing.T) {
+	initWith(t, &fakeTransport{name: "noalloc", devs: 1, props: nccl.Properties{MaxRecvs: 2}})
+	prof := &countingProfiler{}
+	setProfiler(prof)
+	send, recv, sh, _ := connectPair(t)
+	require.NotNil(t, send.prof, "comms copy the profiler at connect/accept")
+	recv.recv.(*fakeRecv).done = true
+	buf := make([]byte, 64)
+	var sizes [2]int32
+	phs := []uintptr{0x10, 0x20}
+	round := func() {
+		req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 48, 3, 7, 0x30)
+		if res != nccl.Success || req == 0 {
+			t.Fatalf("isend: %v %#x", res, req)
+		}
+		if done, res := netTest(req, &sizes[0]); !done || res != nccl.Success {
+			t.Fatalf("test send: %v %v", done, res)
+		}
+		require.NoError(t, recv.checkRecvCount("irecv", 2))
+		require.NoError(t, recv.setRecvBuf("irecv", 0, unsafe.Pointer(&buf[0]), 32, 1, 9))
+		require.NoError(t, recv.setRecvBuf("irecv", 1, unsafe.Pointer(&buf[32]), 32, 1, 9))
+		rreq, res := recv.irecv(2, phs)
+		if res != nccl.Success || rreq == 0 {
+			t.Fatalf("irecv: %v %#x", res, rreq)
+		}
+		if done, res := netTest(rreq, &sizes[0]); !done || res != nccl.Success {
+			t.Fatalf("test recv: %v %v", done, res)
+		}
+	}
+	for i := 0; i < 64; i++ { // the fake transport's own buffers settle
+		round()
+	}
+	allocs := testing.AllocsPerRun(1000, round)
+	assert.Zero(t, allocs, "isend+test and irecv+test allocate")
+	assert.Equal(t, prof.starts, prof.stops, "every profiler event is stopped")
+	assert.Equal(t, 3*(64+1001), prof.starts)
+}
+
+// init runs on application threads while other communicators move data; the
+// profiler it installs must be published safely (go test -race catches a plain
+// write here, as the C harness's concurrent mode did on a -race build).
+func TestInitWhileCommsMoveDataIsRaceFree(t *testing.T) {
+	_, ctx := initHook(t, &hookTransport{fakeTransport: &fakeTransport{name: "initrace", devs: 1}}, 12)
+	setProfiler(&countingProfiler{})
+	_, _, sh, _ := connectPair(t)
+	stop := make(chan struct{})
+	inits := make(chan error, 1)
+	go func() {
+		defer close(inits)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			setProfiler(&countingProfiler{}) // as goNetInit does with NCCL's callback
+			c, res := netInit(12, true, -1)
+			if res != nccl.Success {
+				inits <- fmt.Errorf("init: %v", res)
+				return
+			}
+			if res := netFinalize(c); res != nccl.Success {
+				inits <- fmt.Errorf("finalize: %v", res)
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 8)
+	for i := 0; i < 2000; i++ {
+		req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 8, 0, 7, 0x40)
+		require.Equal(t, nccl.Success, res)
+		done, res := netTest(req, nil)
+		require.Equal(t, nccl.Success, res)
+		require.True(t, done)
+	}
+	close(stop)
+	assert.NoError(t, <-inits)
+	require.Equal(t, nccl.Success, netFinalize(ctx))
+}
+
+// A slow transport Close is waited for and reported, naming the transport,
+// the peer and the setting that bounds it.
+func TestSlowCloseIsWaitedForAndWarned(t *testing.T) {
+	sink := initWith(t, &fakeTransport{name: "slowclose", devs: 1})
+	_, _, sh, rh := connectPair(t)
+	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
+	assert.Empty(t, sink.warns(), "a prompt close says nothing")
+	old := now
+	t.Cleanup(func() { now = old })
+	var clock int64
+	now = func() int64 { clock += int64(2 * time.Second); return clock }
+	require.Equal(t, nccl.Success, netClose(sh, tagSend))
+	require.Len(t, sink.warns(), 1)
+	w := sink.warns()[0]
+	assert.Contains(t, w, "took 2.0s to close the send comm with 10.0.0.2:1234")
+	assert.Contains(t, w, "NCCL_GO_TIMEOUT")
+}
+
+// n of a grouped receive is checked once, against the device's own maxRecvs
+// (capped at what NCCL can pass), before the transport sees it.
+func TestGroupedReceiveCheckedAgainstDeviceMaxRecvs(t *testing.T) {
+	initWith(t, &fakeTransport{name: "maxrecvs", devs: 1, props: nccl.Properties{MaxRecvs: 4}})
+	_, recv, _, _ := connectPair(t)
+	assert.Equal(t, 4, recv.maxRecvs)
+	for _, n := range []int{0, -1, 5, 65} {
+		err := recv.checkRecvCount("irecv", n)
+		require.Error(t, err, "n=%d", n)
+		assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err))
+		assert.Contains(t, err.Error(), "takes 1 to 4 (its maxRecvs)")
+	}
+	assert.NoError(t, recv.checkRecvCount("irecv", 4))
+	for _, size := range []int64{-1, nccl.MaxNetSize + 1} {
+		err := recv.setRecvBuf("irecv", 0, nil, size, 0, 0)
+		require.Error(t, err, "size %d", size)
+		assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err))
+	}
+	assert.NoError(t, recv.setRecvBuf("irecv", 3, nil, nccl.MaxNetSize, 0, 0))
+	p, res := netProperties(0)
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, 4, p.MaxRecvs)
+}
+
+func TestMaxRecvsCappedAtABILimit(t *testing.T) {
+	initWith(t, &fakeTransport{name: "bigrecvs", devs: 1, props: nccl.Properties{MaxRecvs: 100}})
+	_, recv, _, _ := connectPair(t)
+	assert.Equal(t, maxABIRecvs, recv.maxRecvs)
+	assert.Equal(t, maxReqSlots, len(recv.reqs.slots), "request slots grow with maxRecvs up to the handle's limit")
+}
+
+// Every entry that takes a handle answers a forged, closed or wrong-kind one
+// with ncclInvalidArgument, never a panic or another comm's data.
+func TestForgedHandlesAreInvalidArgumentEverywhere(t *testing.T) {
+	initWith(t, &fakeTransport{name: "forgeall", devs: 1})
+	_, _, sh, rh := connectPair(t)
+	closed := sh
+	_, _, sh, _ = connectPair(t)
+	require.Equal(t, nccl.Success, netClose(closed, tagSend))
+	for _, h := range []uintptr{0, 1, closed, rh ^ 1<<30, ^uintptr(0), commHandle(tagSend, 1, maxSlots+3)} {
+		_, res := netIsend(h, nil, 0, 0, 0, 0)
+		assert.Equal(t, nccl.InvalidArgument, res, "isend(%#x)", h)
+		_, res = netRegMr(h, nil, 8, int(nccl.PtrHost))
+		assert.Equal(t, nccl.InvalidArgument, res, "regMr(%#x)", h)
+		assert.Equal(t, nccl.InvalidArgument, netDeregMr(h, 7), "deregMr(%#x)", h)
+		_, res = netAccept(h)
+		assert.Equal(t, nccl.InvalidArgument, res, "accept(%#x)", h)
+		assert.Equal(t, nccl.InvalidArgument, netClose(h, tagSend), "closeSend(%#x)", h)
+		assert.Equal(t, nccl.InvalidArgument, netClose(h, tagListen), "closeListen(%#x)", h)
+		assert.Equal(t, nccl.InvalidArgument, netFinalize(h), "finalize(%#x)", h)
+		_, err := trafficClassOf(h | 1)
+		assert.Error(t, err)
+	}
+	_, res := netIsend(rh, nil, 0, 0, 0, 0)
+	assert.Equal(t, nccl.InvalidArgument, res, "a recv comm is not a send comm")
+	_, res = netIsend(sh, nil, 0, 0, 0, 0)
+	assert.Equal(t, nccl.Success, res, "the open comm still works")
+}
+
+type panickyRecv struct{ fakeRecv }
+
+func (*panickyRecv) Close() error { panic("close exploded") }
+
+type panickyListener struct{}
+
+func (panickyListener) Accept() (nccl.RecvComm, error) { return &panickyRecv{}, nil }
+func (panickyListener) Close() error                   { return nil }
+
+// A transport's Close that panics becomes ncclInternalError at the boundary;
+// the glue must not keep the transport's lifetime lock (every later init or
+// finalize would hang).
+func TestPanickingCloseReleasesTheLifetimeLock(t *testing.T) {
+	h := &listenHook{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "panicky", devs: 1}}, l: panickyListener{}}
+	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
+	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
+	t.Cleanup(func() { nccl.Unregister(name) })
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	var handle nccl.Handle
+	lh, res := netListen(0, &handle)
+	require.Equal(t, nccl.Success, res)
+	rh, res := netAccept(lh)
+	require.Equal(t, nccl.Success, res)
+	var got any
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				got = p
+				res = panicResult("close", p)
+			}
+		}()
+		res = netClose(rh, tagRecv)
+	}()
+	assert.Equal(t, "close exploded", got)
+	assert.Equal(t, nccl.InternalError, res)
+	if !state.mu.TryLock() {
+		state.mu.RUnlock() // what the panic leaked, so that the cleanup does not hang
+		t.Fatal("the lifetime lock is still held after the panic")
+	}
+	state.mu.Unlock()
+	require.Equal(t, nccl.Success, netClose(lh, tagListen))
 }

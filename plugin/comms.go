@@ -1,0 +1,275 @@
+package plugin
+
+import (
+	"fmt"
+
+	"github.com/libnccl-net-go/libnccl-net-go/metrics"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+const maxProfEvents = 8
+
+// commEntry is a listen, send or recv comm as the glue tracks it. Everything
+// but the request table is set before the entry is published and never
+// changes; the request table belongs to the comm's progress thread.
+type commEntry struct {
+	tag      uint8
+	slot     uint32
+	gen      uint32
+	dev      int
+	listener nccl.Listener
+	comm     nccl.Comm
+	send     nccl.SendComm
+	recv     nccl.RecvComm
+	m        *metrics.Device
+	peer     string
+
+	// Copied at connect/accept so that the data path reads nothing init may
+	// be writing on another thread: the settings of the first init, NCCL's
+	// profiler callback (nil: none), the device's largest grouped receive.
+	counting  bool
+	stallWarn int64
+	prof      profilerHooks
+	maxRecvs  int
+
+	reqs   reqTable
+	events [][maxProfEvents]uintptr // per request slot; nil without a profiler
+	bufs   [maxABIRecvs]nccl.RecvBuffer
+	sizes  [maxABIRecvs]int
+}
+
+// openDataComm publishes a send (tag S) or recv (tag R) comm the transport
+// just made; the caller holds state.mu shared. On failure the comm is closed.
+func openDataComm(t nccl.Transport, tag uint8, dev int, c nccl.Comm) (uintptr, error) {
+	m, maxRecvs := deviceInfo(t, dev)
+	e := &commEntry{tag: tag, dev: dev, m: m, maxRecvs: maxRecvs, comm: c,
+		counting: state.countMetrics, stallWarn: state.stallWarn, prof: currentProfiler()}
+	if tag == tagSend {
+		e.send = c.(nccl.SendComm)
+	} else {
+		e.recv = c.(nccl.RecvComm)
+	}
+	e.reqs = newReqTable(reqCapacity(maxRecvs))
+	if e.prof != nil {
+		e.events = make([][maxProfEvents]uintptr, len(e.reqs.slots))
+	}
+	h, err := e.register()
+	if err != nil {
+		_ = c.Close()
+		return 0, err
+	}
+	e.m.ConnOpened(e.dir())
+	return h, nil
+}
+
+// setupFailed counts a failed connect or accept against dev.
+func setupFailed(t nccl.Transport, dev int, dir metrics.Dir, err error) {
+	m, _ := deviceInfo(t, dev)
+	m.CallFailed(dir, metrics.KindOf(nccl.ResultOf(err)))
+}
+
+func (e *commEntry) register() (uintptr, error) {
+	if pa, ok := e.comm.(nccl.PeerAddresser); ok && e.comm != nil {
+		e.peer = pa.PeerAddr()
+	}
+	if e.peer == "" {
+		e.peer = "unknown peer"
+	}
+	slot, gen, ok := comms.add(e, func(slot, gen uint32) { e.slot, e.gen = slot, gen })
+	if !ok {
+		return 0, nccl.Errorf(nccl.InternalError, "too many open comms (%d)", maxSlots)
+	}
+	return commHandle(e.tag, gen, slot), nil
+}
+
+// lookup resolves a comm handle from NCCL. It is on the data path: two atomic
+// loads and a few compares, no locks.
+func lookup(h uintptr, want uint8) (*commEntry, error) {
+	tag, gen, slot := splitCommHandle(h)
+	if tag != want {
+		return nil, badHandle(h, want)
+	}
+	e := comms.get(slot)
+	if e == nil || e.gen != gen || e.tag != want {
+		return nil, badHandle(h, want)
+	}
+	return e, nil
+}
+
+func badHandle(h uintptr, want uint8) error {
+	return nccl.Errorf(nccl.InvalidArgument, "%#x is not an open %s of this plugin (closed already, or never returned by it)", h, kindName(want))
+}
+
+func kindName(tag uint8) string {
+	switch tag {
+	case tagSend:
+		return "send comm"
+	case tagRecv:
+		return "recv comm"
+	case tagListen:
+		return "listen comm"
+	}
+	return "comm"
+}
+
+// lookupAny resolves a send or recv comm (regMr takes either).
+func lookupAny(h uintptr) (*commEntry, error) {
+	tag, _, _ := splitCommHandle(h)
+	if tag == tagSend || tag == tagRecv {
+		return lookup(h, tag)
+	}
+	return nil, nccl.Errorf(nccl.InvalidArgument, "%#x is not a send or recv comm of this plugin", h)
+}
+
+func (e *commEntry) dir() metrics.Dir {
+	if e.tag == tagSend {
+		return metrics.Send
+	}
+	return metrics.Recv
+}
+
+func (e *commEntry) deviceName() string { return e.m.Name }
+
+// String is for debugging handles in WARNs.
+func (e *commEntry) String() string { return fmt.Sprintf("%s comm slot %d", e.dir(), e.slot) }
+
+func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
+	t, err := acquire()
+	if err != nil {
+		return 0, fail("listen", err)
+	}
+	defer state.mu.RUnlock()
+	if err := checkDev(t, dev); err != nil {
+		return 0, fail("listen", err)
+	}
+	l, err := t.Listen(dev, handle)
+	if err != nil {
+		return 0, fail("listen", err)
+	}
+	e := &commEntry{tag: tagListen, dev: dev, listener: l}
+	h, err := e.register()
+	if err != nil {
+		_ = l.Close()
+		return 0, fail("listen", err)
+	}
+	return h, nccl.Success
+}
+
+func netConnect(dev int, trafficClass int, handle *nccl.Handle) (uintptr, nccl.Result) {
+	t, err := acquire()
+	if err != nil {
+		return 0, fail("connect", err)
+	}
+	defer state.mu.RUnlock()
+	if err := checkDev(t, dev); err != nil {
+		return 0, fail("connect", err)
+	}
+	sc, err := t.Connect(dev, handle, nccl.ConnectOptions{TrafficClass: trafficClass})
+	if err != nil {
+		setupFailed(t, dev, metrics.Send, err)
+		return 0, fail("connect", err)
+	}
+	if sc == nil {
+		return 0, nccl.Success // not ready; NCCL calls again with the same handle
+	}
+	h, err := openDataComm(t, tagSend, dev, sc)
+	if err != nil {
+		return 0, fail("connect", err)
+	}
+	return h, nccl.Success
+}
+
+func netAccept(listenH uintptr) (uintptr, nccl.Result) {
+	t, err := acquire()
+	if err != nil {
+		return 0, fail("accept", err)
+	}
+	defer state.mu.RUnlock()
+	l, err := lookup(listenH, tagListen)
+	if err != nil {
+		return 0, fail("accept", err)
+	}
+	rc, err := l.listener.Accept()
+	if err != nil {
+		setupFailed(t, l.dev, metrics.Recv, err)
+		return 0, fail("accept", err)
+	}
+	if rc == nil {
+		return 0, nccl.Success
+	}
+	h, err := openDataComm(t, tagRecv, l.dev, rc)
+	if err != nil {
+		return 0, fail("accept", err)
+	}
+	return h, nccl.Success
+}
+
+func closeCall(tag uint8) string {
+	switch tag {
+	case tagSend:
+		return "closeSend"
+	case tagRecv:
+		return "closeRecv"
+	}
+	return "closeListen"
+}
+
+// netClose closes a comm on the caller's thread. NCCL frees the comm's
+// buffers as soon as close returns, so the transport's Close runs to the end
+// here, never on a goroutine left behind; transports bound it by
+// NCCL_GO_TIMEOUT (nccl.Comm), and a slow one gets a WARN naming it.
+// Requests still outstanding (ncclCommAbort) are settled: counted as
+// abandoned, their profiler events stopped.
+func netClose(h uintptr, tag uint8) nccl.Result {
+	call := closeCall(tag)
+	e, err := lookup(h, tag)
+	if err != nil {
+		return fail(call, err)
+	}
+	res := closeEntry(e, h, call)
+	if state.finalizePending.Load() && comms.count() == 0 {
+		finalizeIfIdle()
+	}
+	return res
+}
+
+// closeEntry holds state.mu shared, so a finalize cannot end the transport
+// between the entry leaving the table and its Close returning.
+func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
+	t, err := acquire()
+	if err != nil {
+		return fail(call, err) // cannot happen while e is open: finalize waits for it
+	}
+	defer state.mu.RUnlock()
+	if !comms.remove(e.slot, e) {
+		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
+	}
+	var closer interface{ Close() error } = e.listener
+	if e.tag != tagListen {
+		closer = e.comm
+		e.abandonRequests()
+		e.m.ConnClosed(e.dir())
+	}
+	start := now()
+	err = closer.Close()
+	took := now() - start
+	if err != nil {
+		log.Warnf("NET/Go : %s: %v", call, err)
+	}
+	if took > int64(slowClose) {
+		what := "listen comm"
+		if e.tag != tagListen {
+			what = fmt.Sprintf("%s comm with %s", e.dir(), e.peer)
+		}
+		log.Warnf("NET/Go : %s: transport %s took %.1fs to close the %s (device %s); NCCL waits for it (%s bounds it, default %v)",
+			call, t.Name(), float64(took)/1e9, what, deviceNameOf(e), nccl.EnvTimeout, nccl.DefaultTimeout)
+	}
+	return nccl.Success
+}
+
+func deviceNameOf(e *commEntry) string {
+	if e.m != nil {
+		return e.m.Name
+	}
+	return fmt.Sprintf("dev%d", e.dev)
+}

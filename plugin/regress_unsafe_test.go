@@ -1,0 +1,323 @@
+package plugin
+
+import (
+	"bytes"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Regression tests of how NCCL really drives the glue (issue 9: forged
+// requests, close and finalize at any moment, exhaustion; issue 12: request
+// ids). They use only entry points and helpers that predate those fixes, so
+// this file also runs against the old glue, where every test here fails.
+
+// hookTransport is a fakeTransport whose connect, comms and finalize a test
+// can replace.
+type hookTransport struct {
+	*fakeTransport
+	newSend   func() nccl.SendComm
+	onConnect func()
+	inConnect atomic.Int32
+	// finalizeDuringConnect counts Finalize calls made while a Connect call
+	// was still inside the transport.
+	finalizeDuringConnect atomic.Int32
+	finalized             chan struct{}
+}
+
+func (h *hookTransport) Connect(dev int, hd *nccl.Handle, o nccl.ConnectOptions) (nccl.SendComm, error) {
+	h.inConnect.Add(1)
+	defer h.inConnect.Add(-1)
+	if h.onConnect != nil {
+		h.onConnect()
+	}
+	if h.newSend != nil {
+		return h.newSend(), nil
+	}
+	return h.fakeTransport.Connect(dev, hd, o)
+}
+
+func (h *hookTransport) Finalize() error {
+	if h.inConnect.Load() > 0 {
+		h.finalizeDuringConnect.Add(1)
+	}
+	if h.finalized != nil {
+		close(h.finalized)
+	}
+	return h.fakeTransport.Finalize()
+}
+
+var hookSeq atomic.Int32
+
+// initHook registers h under a fresh name, forces it and runs init for API
+// version (v11+ returns a context).
+func initHook(t *testing.T, h *hookTransport, version int) (*captureSink, uintptr) {
+	t.Helper()
+	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
+	h.name = name
+	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
+	t.Cleanup(func() { nccl.Unregister(name) })
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	ctx, res := netInit(version, version >= 11, -1)
+	require.Equal(t, nccl.Success, res)
+	return sink, ctx
+}
+
+// unboundedSend accepts every send (never NoRequest) and numbers requests
+// from base upwards; Test completes them at once.
+type unboundedSend struct {
+	fakeSend
+	base  nccl.Request
+	n     nccl.Request
+	sizes map[nccl.Request]int
+}
+
+func (s *unboundedSend) Isend(_ unsafe.Pointer, size, _ int, _ nccl.MemHandle) (nccl.Request, error) {
+	id := s.base + s.n
+	s.n++
+	s.sizes[id] = size
+	return id, nil
+}
+
+func (s *unboundedSend) Test(r nccl.Request) (bool, int, error) {
+	size, ok := s.sizes[r]
+	if !ok {
+		return false, 0, fmt.Errorf("test of request %d the transport never returned", r)
+	}
+	delete(s.sizes, r)
+	return true, size, nil
+}
+
+func connectUnbounded(t *testing.T, base nccl.Request) (*unboundedSend, uintptr) {
+	t.Helper()
+	s := &unboundedSend{base: base, sizes: map[nccl.Request]int{}}
+	h := &hookTransport{fakeTransport: &fakeTransport{name: "unbounded", devs: 1}, newSend: func() nccl.SendComm { return s }}
+	initHook(t, h, 10)
+	var handle nccl.Handle
+	sh, res := netConnect(0, -1, &handle)
+	require.Equal(t, nccl.Success, res)
+	require.NotZero(t, sh)
+	t.Cleanup(func() { netClose(sh, tagSend) })
+	return s, sh
+}
+
+// A transport may number its requests with any non-negative int32: the glue
+// keeps its own per-comm request slots.
+func TestTransportMayUseAnyNonNegativeRequestID(t *testing.T) {
+	_, sh := connectUnbounded(t, 1<<30)
+	buf := make([]byte, 64)
+	for round := 0; round < 3; round++ {
+		var reqs []uintptr
+		for i := 0; i < 20; i++ {
+			req, res := netIsend(sh, unsafe.Pointer(&buf[0]), int64(i), 0, 7, 0)
+			require.Equal(t, nccl.Success, res, "isend %d: a request id above 1023 is not an error", i)
+			require.NotZero(t, req)
+			reqs = append(reqs, req)
+		}
+		for i, req := range reqs {
+			var sz int32 = -1
+			done, res := netTest(req, &sz)
+			require.Equal(t, nccl.Success, res)
+			require.True(t, done)
+			assert.EqualValues(t, i, sz)
+		}
+	}
+}
+
+// Running out of request slots is a NULL request NCCL retries, at the glue as
+// in the transports, never an error; completing requests frees slots again.
+func TestGlueExhaustionIsNullNotError(t *testing.T) {
+	s, sh := connectUnbounded(t, 0)
+	buf := make([]byte, 8)
+	var reqs []uintptr
+	nulls := 0
+	for i := 0; i < 5000; i++ {
+		req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+		require.Equal(t, nccl.Success, res, "isend %d with every request in flight must return NULL, not an error", i)
+		if req == 0 {
+			nulls++
+			continue
+		}
+		reqs = append(reqs, req)
+	}
+	assert.Greater(t, nulls, 0, "5000 sends never tested cannot all be in flight")
+	assert.GreaterOrEqual(t, len(reqs), nccl.MaxRequests, "NCCL_NET_MAX_REQUESTS requests per comm must fit")
+	assert.EqualValues(t, len(reqs), s.n, "a NULL request must not leave a transport request behind")
+	for _, req := range reqs {
+		done, res := netTest(req, nil)
+		require.Equal(t, nccl.Success, res)
+		require.True(t, done)
+	}
+	req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+	require.Equal(t, nccl.Success, res)
+	assert.NotZero(t, req, "completed requests free their slots")
+	_, res = netTest(req, nil)
+	assert.Equal(t, nccl.Success, res)
+}
+
+// Whatever NCCL hands test (a value that was never a request, NCCL's 0x1
+// marker, a request handle with a slot beyond the comm's table), the answer is
+// ncclInvalidArgument with a WARN, never a recovered panic.
+func TestTestOnForgedRequestIsInvalidArgument(t *testing.T) {
+	sink := initWith(t, &fakeTransport{name: "forge", devs: 1})
+	_, _, sh, _ := connectPair(t)
+	buf := make([]byte, 8)
+	req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+	require.Equal(t, nccl.Success, res)
+	for _, forged := range []uintptr{req | 0x7fff, req&^0xffff | 0x7ff0, req ^ 1<<20, 0, 1, ^uintptr(0), 0x51 << 56} {
+		var done bool
+		panicked := func() (p any) {
+			defer func() { p = recover() }()
+			done, res = netTest(forged, nil)
+			return nil
+		}()
+		require.Nil(t, panicked, "test(%#x) panicked", forged)
+		assert.Equal(t, nccl.InvalidArgument, res, "test(%#x)", forged)
+		assert.False(t, done)
+	}
+	for _, w := range sink.warns() {
+		assert.NotContains(t, w, "please report", "a bad argument from NCCL is not an internal error")
+	}
+	var sz int32
+	done, res := netTest(req, &sz)
+	require.Equal(t, nccl.Success, res, "the real request is untouched")
+	assert.True(t, done)
+	assert.EqualValues(t, 8, sz)
+}
+
+// goid is the running goroutine's id, from its stack header.
+func goid() string {
+	b := make([]byte, 64)
+	b = b[:runtime.Stack(b, false)]
+	f := bytes.Fields(b)
+	if len(f) < 2 {
+		return ""
+	}
+	return string(f[1])
+}
+
+type goroutineRecvComm struct {
+	fakeRecv
+	closedOn string
+}
+
+func (r *goroutineRecvComm) Close() error {
+	r.closedOn = goid()
+	return nil
+}
+
+type goroutineListener struct{ c *goroutineRecvComm }
+
+func (l goroutineListener) Accept() (nccl.RecvComm, error) { return l.c, nil }
+func (l goroutineListener) Close() error                   { return nil }
+
+type listenHook struct {
+	*hookTransport
+	l nccl.Listener
+}
+
+func (h *listenHook) Listen(int, *nccl.Handle) (nccl.Listener, error) { return h.l, nil }
+
+// close runs the transport's Close on the caller's thread and returns after
+// it: NCCL frees the comm's buffers as soon as close returns, so a Close left
+// running on a goroutine could touch freed memory.
+func TestCloseRunsTransportCloseOnCallersThread(t *testing.T) {
+	rc := &goroutineRecvComm{}
+	h := &listenHook{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "closer", devs: 1}}, l: goroutineListener{c: rc}}
+	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
+	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
+	t.Cleanup(func() { nccl.Unregister(name) })
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	var handle nccl.Handle
+	lh, res := netListen(0, &handle)
+	require.Equal(t, nccl.Success, res)
+	rh, res := netAccept(lh)
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, nccl.Success, netClose(lh, tagListen))
+	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
+	assert.Equal(t, goid(), rc.closedOn, "Close must run on the goroutine (thread) that called close")
+}
+
+// The last finalize must not end the transport while another NCCL thread is
+// inside a set-up call of it (ncclCommAbort racing connection set-up).
+func TestFinalizeWaitsForSetupCallsInsideTheTransport(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h := &hookTransport{fakeTransport: &fakeTransport{name: "slowconnect", devs: 1}, finalized: make(chan struct{})}
+	h.onConnect = func() {
+		once.Do(func() { close(entered) })
+		<-release
+	}
+	_, ctx := initHook(t, h, 11)
+	connected := make(chan nccl.Result, 1)
+	go func() {
+		var handle nccl.Handle
+		_, res := netConnect(0, -1, &handle)
+		connected <- res
+	}()
+	<-entered
+	finalized := make(chan nccl.Result, 1)
+	go func() { finalized <- netFinalize(ctx) }()
+	// Finalize may not reach the transport while Connect is inside it. The
+	// only way to see that it does not is to give it the chance.
+	select {
+	case <-h.finalized:
+		t.Errorf("transport finalized while a connect call was still inside it")
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	assert.Equal(t, nccl.Success, <-connected)
+	assert.Equal(t, nccl.Success, <-finalized)
+	<-h.finalized
+	assert.Zero(t, h.finalizeDuringConnect.Load(), "Finalize ran concurrently with Connect")
+}
+
+// v11+: a finalize that finds comms still open (ncclCommAbort) leaves the
+// transport to the last close, which finalizes it; nothing is leaked.
+func TestLastCloseAfterFinalizeEndsTheTransport(t *testing.T) {
+	f := &fakeTransport{name: "late", devs: 1}
+	h := &hookTransport{fakeTransport: f}
+	_, ctx := initHook(t, h, 12)
+	_, _, sh, rh := connectPair(t)
+	require.Equal(t, nccl.Success, netFinalize(ctx))
+	assert.Equal(t, 0, f.finals, "comms are open: the transport must live on")
+	require.Equal(t, nccl.Success, netClose(sh, tagSend))
+	assert.Equal(t, 0, f.finals)
+	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
+	assert.Equal(t, 1, f.finals, "the last close after the last finalize ends the transport")
+	ctx2, res := netInit(12, true, -1)
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, 2, f.inits, "a later communicator starts it again")
+	require.Equal(t, nccl.Success, netFinalize(ctx2))
+	assert.Equal(t, 2, f.finals)
+}
+
+// A stale v11 context (finalized, its slot reused by another communicator)
+// must not finalize the communicator that now holds the slot.
+func TestFinalizeOfStaleContextLeavesTheNewOneAlone(t *testing.T) {
+	f := &fakeTransport{name: "stalectx", devs: 1}
+	_, c1 := initHook(t, &hookTransport{fakeTransport: f}, 11)
+	keep, res := netInit(11, true, -1) // keeps the transport up
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, nccl.Success, netFinalize(c1))
+	c2, res := netInit(11, true, 5)
+	require.Equal(t, nccl.Success, res)
+	assert.NotEqual(t, nccl.Success, netFinalize(c1), "a finalized context is stale, whatever reuses its slot")
+	tc, err := trafficClassOf(c2)
+	require.NoError(t, err, "the new context must survive")
+	assert.Equal(t, 5, tc)
+	require.Equal(t, nccl.Success, netFinalize(c2))
+	require.Equal(t, nccl.Success, netFinalize(keep))
+	assert.Equal(t, 1, f.finals)
+}
