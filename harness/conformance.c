@@ -19,10 +19,15 @@
 /* A single plugin call that takes longer than this is treated as blocking.
  * The peer deliberately stays away for PEER_DELAY_MS in the non-blocking
  * checks, so a call that waits for it is caught with margin to spare on a
- * busy 2-core machine. */
-#define CALL_BOUND_MS 200
-#define PEER_DELAY_MS 700
-#define CLOSE_BOUND_MS 1000
+ * busy 2-core machine. Under software emulation (the Soft-RoCE lane boots its
+ * guest under qemu TCG, 10-50x slower) a plain listen() can take a few hundred
+ * ms: NCCLNET_HARNESS_TIME_SCALE (1 to 50, default 1) stretches all three
+ * bounds together, so the peer's absence stays longer than the bound and a
+ * call that waits for the peer is still caught. */
+static double g_time_scale = 1.0;
+#define CALL_BOUND_MS (200.0 * g_time_scale)
+#define PEER_DELAY_MS ((int)(700.0 * g_time_scale))
+#define CLOSE_BOUND_MS (1000.0 * g_time_scale)
 #define CONN_TIMEOUT_S 20.0
 #define MAXWIN 64
 
@@ -538,7 +543,7 @@ static int chk_nonblocking(conf_t* c) {
       uint64_t start = now_ns();
       if (phase == 0) {
         set_where(r, "accept before the peer connects");
-        while (ms_since(start) < PEER_DELAY_MS - 200) {
+        while (ms_since(start) < PEER_DELAY_MS - CALL_BOUND_MS) {
           t0 = now_ns();
           res = net_accept(&c->n, lc, &rc, &rdh);
           if (timed(c, "accept (peer not connecting yet)", t0)) return -1;
@@ -1474,7 +1479,20 @@ static bool settled(const conf_arg_t* a, shm_t* s, int i) {
   return f0 && f1;
 }
 
+static void read_time_scale(void) {
+  const char* v = getenv("NCCLNET_HARNESS_TIME_SCALE");
+  if (v == NULL || *v == 0) return;
+  char* end;
+  double f = strtod(v, &end);
+  if (*end != 0 || f < 1.0 || f > 50.0) {
+    fprintf(stderr, "ncclnet-harness: ignoring NCCLNET_HARNESS_TIME_SCALE=%s (expected a number from 1 to 50)\n", v);
+    return;
+  }
+  g_time_scale = f;
+}
+
 int cmd_conformance(const opts_t* o) {
+  read_time_scale();
   setvbuf(stdout, NULL, _IOLBF, 0);
   shm_t* s = shm_create();
   if (s == NULL) {
