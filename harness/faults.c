@@ -497,11 +497,11 @@ static int xfer_run(rank_t* r, fctx_t* c, net_t* n, void* comm, xfer_t* x, char*
   uint64_t posted_at[FWINDOW];
   int posted = 0, completed = 0;
   int total = x->until_error ? 1 << 30 : x->iters;
+  atomic_store(&f->xfer_start_ns[r->rank], now_ns()); /* a hold counts: the peer's clock runs through it */
   if (!sender && x->hold > 0) hold_off(r, x->hold);
   set_where(r, sender ? "sending" : "receiving");
   set_phase(r, c, PH_XFER);
   uint64_t t0 = now_ns();
-  atomic_store(&f->xfer_start_ns[r->rank], t0);
   while (completed < total) {
     while (posted < total && posted - completed < FWINDOW) {
       int b = posted % x->nbuf;
@@ -863,7 +863,7 @@ static int xfer_rank(rank_t* r, void* arg) {
   x.iters = o->iters;
   x.until_error = o->scenario == SC_KILL;
   x.hold = o->scenario == SC_SLOW_RECV && r->rank == RECV ? o->hold : 0;
-  if (o->scenario == SC_KILL || o->expect_error) x.give_up = o->within + 10;
+  if (o->scenario == SC_KILL || o->expect_error) x.give_up = o->within + 5;
   if (xfer_prepare(r, &n, l.comm, &x, why, sizeof why) != 0) goto done;
   set_where(r, "barrier before the transfer");
   if (ctl_barrier(r, 60) != 0) {
@@ -1159,6 +1159,8 @@ static int stray_rank(rank_t* r, void* arg) {
     }
     throw_strays(r, c, &l, &st, "before connect");
     atomic_store(&f->count[SEND][0], st.n);
+    atomic_store(&f->count[SEND][2], st.made);
+    atomic_store(&f->count[SEND][3], st.refused);
     set_where(r, "connect after strays");
     t0 = now_ns();
     while (l.comm == NULL) {
@@ -1176,6 +1178,9 @@ static int stray_rank(rank_t* r, void* arg) {
     atomic_store(&f->dur_ns[SEND][0], now_ns() - t0);
     if (ctl_barrier(r, 60) != 0) goto done;
     throw_strays(r, c, &l, &st, "after set-up");
+    atomic_store(&f->count[SEND][1], st.n);
+    atomic_store(&f->count[SEND][2], st.made);
+    atomic_store(&f->count[SEND][3], st.refused);
   }
   /* Data over the real connection while strays hang on the listener. */
   x.size = o->size;
@@ -1187,12 +1192,7 @@ static int stray_rank(rank_t* r, void* arg) {
   if (ctl_barrier(r, 60) != 0) goto done; /* data done on both sides */
   set_where(r, "closing with strays still connected");
   flink_down(&n, &l, r->rank);
-  if (r->rank == SEND) {
-    atomic_store(&f->count[SEND][1], st.n);
-    atomic_store(&f->count[SEND][2], st.made);
-    atomic_store(&f->count[SEND][3], st.refused);
-    close_strays(&st);
-  }
+  if (r->rank == SEND) close_strays(&st);
   fd_check(r, c, base);
   atomic_store(&f->count[r->rank][4], atomic_load(&g_warns) - warns0);
   set_where(r, "finalize");
@@ -1612,7 +1612,8 @@ static int parse_faults(int argc, char** argv, fopts_t* o) {
       case SC_CONNECT_BLACKHOLE: o->limit = o->within + 60; break;
       case SC_TRANSFER: o->limit = (o->fault == FAULT_STOP ? o->hold : 0) + (o->tcp_streams ? o->tcp_secs : 0) +
                                    (o->expect_error ? o->within : 0) + 600; break;
-      default: o->limit = 600; break;
+      case SC_STRAY: o->limit = 120; break;
+      default: o->limit = o->within + 60; break; /* abort: per round (each round restarts the watchdog) */
     }
   }
   return 0;
@@ -1623,6 +1624,10 @@ static const char* victim_name(int v) { return v == RECV ? "receiver" : "sender"
 static void fshm_reset(fshm_t* f) {
   memset(f, 0, sizeof *f);
   atomic_store(&f->fault_rc, -1);
+  for (int i = 0; i < 2; i++) {
+    for (int k = 0; k < 4; k++) atomic_store(&f->fds[i][k], -1);
+    for (int k = 0; k < 3; k++) atomic_store(&f->threads[i][k], -1);
+  }
 }
 
 static void print_rank_notes(const char* scen, fshm_t* f, const pair_outcome_t* out) {
@@ -1657,7 +1662,8 @@ static int one_run(fctx_t* c, shm_t* s, rank_fn fn, bool inject, pair_outcome_t*
   fshm_reset(c->f);
   memset(s->text, 0, sizeof s->text);
   pid_t inj = inject ? start_injector(c, s, c->o->limit) : -1;
-  int rc = run_pair(s, fn, c, c->o->limit, c->o->limit + 30, out);
+  /* abort restarts the per-check watchdog every round: no bound on the total. */
+  int rc = run_pair(s, fn, c, c->o->limit, c->o->scenario == SC_ABORT ? 0 : c->o->limit + 30, out);
   /* A command injector (ip link down; sleep; up) is waited for, so the path
    * is whole again before anything else runs. */
   *inj_status = inject ? stop_injector(inj, c->o->fault == FAULT_CMD ? c->o->limit : 1) : -1;
@@ -1686,10 +1692,18 @@ static int judge_slow(fctx_t* c, const pair_outcome_t* out) {
   fmt_size(szs, sizeof szs, o->size);
   printf("faults %s: receiver held off %.1f s (NCCL_GO_TIMEOUT=%g s) with %d x %s isends in flight\n", sc, o->hold,
          o->peer_timeout, o->iters, szs);
-  printf("faults %s:   sender: longest pending send %.2f s, transfer %.2f s, error: %s\n", sc,
-         (double)atomic_load(&f->dur_ns[SEND][1]) / 1e9, (double)atomic_load(&f->dur_ns[SEND][0]) / 1e9, e1);
-  printf("faults %s:   receiver: %s, error: %s\n", sc, atomic_load(&f->verified[RECV]) ? "every byte verified" : "NOT verified",
-         e0);
+  for (int i = SEND; i >= RECV; i--) {
+    uint64_t start = atomic_load(&f->xfer_start_ns[i]), err = atomic_load(&f->err_ns[i]);
+    if (err)
+      printf("faults %s:   %s: FAILED %.2f s after %s: %s\n", sc, victim_name(i), start ? secs_between(start, err) : 0.0,
+             i == SEND ? "posting its sends" : "the hold began", i == SEND ? e1 : e0);
+    else if (atomic_load(&f->verified[i]))
+      printf("faults %s:   %s: %s; longest a request stayed pending %.2f s, transfer %.2f s, no error\n", sc, victim_name(i),
+             i == SEND ? "every send completed" : "every byte verified", (double)atomic_load(&f->dur_ns[i][1]) / 1e9,
+             (double)atomic_load(&f->dur_ns[i][0]) / 1e9);
+    else
+      printf("faults %s:   %s: neither completed nor saw an error\n", sc, victim_name(i));
+  }
   print_rank_notes(sc, f, out);
   printf("faults %s: %s\n", sc, pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
@@ -1753,8 +1767,7 @@ static int run_kill(fctx_t* c, shm_t* s) {
       }
     }
     if (what)
-      printf("faults %s: trial %d (seed %llu, %s killed): %s: %s\n", sc, t, (unsigned long long)c->rng, victim_name(v), what,
-             why);
+      printf("faults %s: trial %d (%s killed): %s: %s\n", sc, t, victim_name(v), what, why);
   }
   bool pass = hangs == 0 && slow == 0 && broken == 0 && noinject == 0;
   for (int v = 0; v < 2; v++) {
@@ -1869,7 +1882,12 @@ static int judge_stray(fctx_t* c, const pair_outcome_t* out) {
          atomic_load(&f->verified[RECV]) ? "verified" : "NOT verified");
   for (int i = 0; i < 2; i++) {
     int b = atomic_load(&f->fds[i][0]), r = atomic_load(&f->fds[i][1]), st = atomic_load(&f->fds[i][2]);
-    printf("faults %s:   %s: fds baseline %d, after close %d, 2 s later %d; %d WARNs\n", sc, victim_name(i), b, r, st,
+    if (r < 0) {
+      printf("faults %s:   %s: fds not checked (the rank did not get that far)\n", sc, victim_name(i));
+      pass = false;
+      continue;
+    }
+    printf("faults %s:   %s: fds baseline %d, right after close %d, 2 s later %d; %d WARNs\n", sc, victim_name(i), b, r, st,
            atomic_load(&f->count[i][4]));
     if (st > b || r > b) pass = false;
   }
@@ -1891,12 +1909,19 @@ static int judge_abort(fctx_t* c, const pair_outcome_t* out) {
          szs, FWINDOW, o->within);
   for (int i = 0; i < 2; i++) {
     int tb = atomic_load(&f->threads[i][0]), te = atomic_load(&f->threads[i][1]), tm = atomic_load(&f->threads[i][2]);
-    printf("faults %s:   %s: %d rounds done; fds baseline %d, end %d, %d rounds needed time to release; threads baseline %d, "
-           "end %d, max %d; slowest round %.3f s (#%d); %d plugin errors, %d requests/connects abandoned\n",
-           sc, victim_name(i), atomic_load(&f->count[i][0]), atomic_load(&f->fds[i][0]), atomic_load(&f->fds[i][1]),
-           atomic_load(&f->count[i][1]), tb, te, tm, (double)atomic_load(&f->dur_ns[i][0]) / 1e9, atomic_load(&f->count[i][5]),
-           atomic_load(&f->count[i][2]), atomic_load(&f->count[i][3]));
-    if (atomic_load(&f->count[i][0]) != o->rounds) pass = false;
+    int done = atomic_load(&f->count[i][0]);
+    if (done != o->rounds) {
+      printf("faults %s:   %s: stopped after %d of %d rounds (fds baseline %d)\n", sc, victim_name(i), done, o->rounds,
+             atomic_load(&f->fds[i][0]));
+      pass = false;
+      continue;
+    }
+    printf("faults %s:   %s: %d rounds; fds baseline %d, end %d, %d rounds released them only after finalize/close "
+           "returned; threads baseline %d, end %d, max %d; slowest round %.3f s (#%d); %d plugin errors, %d "
+           "requests/connects abandoned\n",
+           sc, victim_name(i), done, atomic_load(&f->fds[i][0]), atomic_load(&f->fds[i][1]), atomic_load(&f->count[i][1]), tb,
+           te, tm, (double)atomic_load(&f->dur_ns[i][0]) / 1e9, atomic_load(&f->count[i][5]), atomic_load(&f->count[i][2]),
+           atomic_load(&f->count[i][3]));
     if (atomic_load(&f->count[i][1]) > 0) pass = false; /* finalize/close must release before returning */
     if (te > tb + 16) {
       printf("faults %s:   %s: threads grew by %d over the rounds (a thread leak)\n", sc, victim_name(i), te - tb);

@@ -75,7 +75,13 @@ exec 9>/tmp/ncclgo-faults.lock
 flock -w 1200 9 || die "another fault lane held /tmp/ncclgo-faults.lock for 20 minutes"
 
 RELAY_PID=""
+STEP_PID=""
 cleanup() {
+  if [ -n "$STEP_PID" ]; then
+    kill "$STEP_PID" 2>/dev/null # timeout(1) passes it on to the harness
+    wait "$STEP_PID" 2>/dev/null
+    STEP_PID=""
+  fi
   if [ -n "$RELAY_PID" ]; then
     kill "$RELAY_PID" 2>/dev/null
     wait "$RELAY_PID" 2>/dev/null
@@ -85,7 +91,7 @@ cleanup() {
   if [ -f "$RUN/impair.pid" ]; then
     local p
     p=$(cat "$RUN/impair.pid")
-    if [ -n "$p" ] && tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -- "run -a $TA -b $TB" >/dev/null; then
+    if [ -n "$p" ] && tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -- "run -a $TA -b $TB" >/dev/null; then
       kill "$p" 2>/dev/null
     fi
     rm -f "$RUN/impair.pid"
@@ -131,6 +137,22 @@ setup() {
   ip -n "$NS_A" addr add "$T_A/24" dev "$TA" && ip -n "$NS_B" addr add "$T_B/24" dev "$TB" || return 1
   ip -n "$NS_A" link set "$TA" up && ip -n "$NS_B" link set "$TB" up || return 1
   sed -n 1p "$OUT/impair.log"
+  paths_ready
+}
+
+# The plugin uses only interfaces that are up and running (carrier): a veth
+# gets its carrier a moment after both ends are up, also after a link-down
+# scenario brought it back.
+paths_ready() {
+  local ns dev i
+  for pair in "$NS_A $VA" "$NS_B $VB" "$NS_A $TA" "$NS_B $TB"; do
+    read -r ns dev <<<"$pair"
+    for ((i = 0; i < 100; i++)); do
+      ip -n "$ns" -o link show dev "$dev" 2>/dev/null | grep -E '<([^>]*,)?LOWER_UP(,[^>]*)?>' >/dev/null && break
+      sleep 0.05
+    done
+    ((i < 100)) || { log "$dev in $ns is not running: $(ip -n "$ns" -o link show dev "$dev" 2>&1)"; return 1; }
+  done
 }
 
 impair() { "$IMPAIR" ctl -ctl "$CTL" "$@"; }
@@ -153,9 +175,17 @@ run_step() {
   local t0=$SECONDS rc
   echo
   echo "=== test-faults: $name (${envs[*]:-default env}) ==="
+  # In the background, so that an interrupted lane stops the step at once.
+  : >"$OUT/$name.out" # exists before tail looks for it
   env NCCL_DEBUG="${NCCL_DEBUG:-WARN}" "${envs[@]}" timeout -k 10 "$limit" "$HARNESS" faults "$@" --plugin "$PLUGIN" \
-    2>"$OUT/$name.err" | tee "$OUT/$name.out"
-  rc=${PIPESTATUS[0]}
+    >>"$OUT/$name.out" 2>"$OUT/$name.err" &
+  STEP_PID=$!
+  tail -s 0.2 -n +1 -f --pid="$STEP_PID" "$OUT/$name.out" &
+  local tail_pid=$!
+  wait "$STEP_PID"
+  rc=$?
+  STEP_PID=""
+  wait "$tail_pid"
   local secs=$((SECONDS - t0)) verdict
   case $rc in
     0) verdict=PASS ;;
@@ -205,14 +235,14 @@ sc_connect-blackhole() {
 # 1 % loss and 10 ms delay each way (20 ms round trip), 1 GiB, plain TCP on
 # the same path in the same run.
 sc_impaired() {
-  impair set loss=1% delay=10ms >/dev/null || { FAILED=1; return; }
-  run_step impaired 600 $RELAY -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 15
+  impair reset >/dev/null && impair set loss=1% delay=10ms >/dev/null || { FAILED=1; return; }
+  run_step impaired 600 $RELAY -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 10
   echo "relay: $(impair stats)"
   impair reset >/dev/null
 }
 sc_impaired-4() {
-  impair set loss=1% delay=10ms >/dev/null || { FAILED=1; return; }
-  run_step impaired-4 600 $RELAY "${STREAMS4[@]}" -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams 4 --tcp-secs 15
+  impair reset >/dev/null && impair set loss=1% delay=10ms >/dev/null || { FAILED=1; return; }
+  run_step impaired-4 600 $RELAY "${STREAMS4[@]}" -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 10
   echo "relay: $(impair stats)"
   impair reset >/dev/null
 }
@@ -246,8 +276,11 @@ setup || die "could not set up the namespaces and paths (see above)"
 T0=$SECONDS
 for s in "${SCENARIOS[@]}"; do
   selected "$s" || continue
+  if ! kill -0 "$RELAY_PID" 2>/dev/null || ! paths_ready; then
+    log "the relay died or a path is down; setting the lane up again"
+    setup || die "set-up failed"
+  fi
   "sc_$s"
-  kill -0 "$RELAY_PID" 2>/dev/null || { log "the relay died; restarting the lane's set-up"; setup || die "set-up failed"; }
 done
 
 {

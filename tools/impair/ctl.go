@@ -19,7 +19,7 @@ import (
 //	down [DUR]          drop everything, both directions, for DUR (no DUR: until "up")
 //	up                  end a down window now
 //	blackhole add|del ADDR
-//	reset               no impairment, link up, no black holes
+//	reset               no impairment, link up, no black holes, counters zeroed
 //	show                current settings
 //	stats               counters per direction
 const maxCommandLen = 512
@@ -192,6 +192,8 @@ func (r *relay) apply(c command) string {
 		l.mu.Lock()
 		clear(l.blackhole)
 		l.mu.Unlock()
+		r.stats[ab].reset()
+		r.stats[ba].reset()
 		return "ok " + r.show()
 	case cmdShow:
 		return "ok " + r.show()

@@ -59,7 +59,9 @@ func TestParseCommand(t *testing.T) {
 
 // The control socket end to end, as the lane uses it.
 func TestControlSocket(t *testing.T) {
-	r, _, _ := startRelay(t, newLink(1), 16)
+	r, a, b := startRelay(t, newLink(1), 16)
+	a.tx <- tcpFrame(0)
+	b.recv(t)
 	sock := filepath.Join(t.TempDir(), "ctl.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -89,7 +91,7 @@ func TestControlSocket(t *testing.T) {
 		{"show", "ok link down for 1h0m0s more"},
 		{"blackhole add 198.18.1.1", "blackhole [198.18.1.1]"},
 		{"reset", "ok link up; a>b: loss 0% delay 0s jitter 0s; b>a: loss 0% delay 0s jitter 0s; blackhole []"},
-		{"stats", "ok a>b: 0 frames"},
+		{"stats", "ok a>b: 0 frames"}, // reset zeroed the frame counted before
 		{"fly", "error: usage:"},
 	} {
 		if got := ask(tc.cmd); !strings.Contains(got, tc.want) {

@@ -194,6 +194,17 @@ func (r *relay) write(d int, free chan<- []byte, line <-chan queued) {
 	}
 }
 
+func (s *dirStats) reset() {
+	for v := range nVerdicts {
+		s.frames[v].Store(0)
+	}
+	s.bytes.Store(0)
+	s.tcp.Store(0)
+	s.syn.Store(0)
+	s.rst.Store(0)
+	s.unknown.Store(0)
+}
+
 func (r *relay) statsLine() string {
 	return fmt.Sprintf("%s: %s; %s: %s", dirNames[ab], r.stats[ab].String(), dirNames[ba], r.stats[ba].String())
 }
