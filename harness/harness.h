@@ -200,6 +200,9 @@ bool past_deadline(rank_t* r);
 
 /* ------------------------------------------------------------ commands */
 
+/* faults.c: parses its own arguments (argv[2] is the scenario). */
+int cmd_faults(int argc, char** argv);
+
 typedef struct {
   const char* plugin;
   int versions[HARNESS_MAX_VERSIONS];
@@ -217,8 +220,6 @@ typedef struct {
 int cmd_conformance(const opts_t* o);
 int cmd_transfer(const opts_t* o);
 int cmd_bench(const opts_t* o);
-/* faults.c parses its own arguments (argv[2] is the scenario). */
-int cmd_faults(int argc, char** argv);
 
 /* Chooses the version for transfer/bench: --version, else the newest exported. */
 int pick_version(const opts_t* o, shm_t* shm, char* err, size_t errlen);

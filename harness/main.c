@@ -4,9 +4,9 @@
  *   ncclnet-harness conformance --plugin PATH [--versions 8,9,10,11,12] [--timeout SEC]
  *   ncclnet-harness transfer    --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]
  *   ncclnet-harness bench       --plugin PATH [--version V] [lat|bw|all]
- *   ncclnet-harness faults      SCENARIO --plugin PATH [...]   (faults.c; faults --help)
  *
  * Exit status is 0 only when everything that ran passed.
+ * `ncclnet-harness faults SCENARIO ...` (faults.c) parses its own arguments.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -31,12 +31,10 @@ static void usage(FILE* f) {
           "  ncclnet-harness bench --plugin PATH [--version V] [lat|bw|all]\n"
           "      Latency (ping-pong, 8 B..1 MiB) and bandwidth (8 in flight, 64 KiB..64 MiB)\n"
           "      through the plugin and over plain TCP sockets, with plugin/TCP ratios.\n"
-          "  ncclnet-harness faults SCENARIO --plugin PATH [...]\n"
-          "      Fault injection: slow-recv, kill, connect-refused, connect-blackhole, transfer,\n"
-          "      stray, abort (ncclnet-harness faults --help).\n"
           "  --version defaults to the newest ncclNetPlugin_vN the library exports.\n"
           "  The plugin's WARN lines go to stderr (NCCL_DEBUG=INFO or TRACE shows more,\n"
-          "  NCCL_DEBUG=VERSION hides them); results go to stdout.\n");
+          "  NCCL_DEBUG=VERSION hides them); results go to stdout.\n"
+          "  ncclnet-harness faults SCENARIO --plugin PATH [...]: fault injection (faults --help).\n");
 }
 
 static int parse_versions(const char* s, opts_t* o) {
@@ -81,11 +79,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* cmd = argv[1];
+  if (!strcmp(cmd, "faults")) return cmd_faults(argc, argv);
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;
   }
-  if (!strcmp(cmd, "faults")) return cmd_faults(argc, argv);
   opts_t o = {.timeout = 0, .size = 64ull << 20, .iters = 16, .bench_what = "all"};
   parse_versions("8,9,10,11,12", &o);
   for (int i = 2; i < argc; i++) {
