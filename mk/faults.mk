@@ -20,8 +20,8 @@ $(FAULTY_SO): scripts/faults/testdata/faultyplugin.c $(wildcard nccl/include/*.h
 	$(CC) -std=c11 -O2 -g -Wall -Wextra -Werror -Inccl/include -fPIC -shared -o $@ $<
 
 .PHONY: test-faults faults-selftest fuzz
-test-faults: faults-selftest $(FAULTS_HARNESS) $(SO) $(IMPAIR)
-	scripts/faults/run.sh --plugin $(SO) --harness $(FAULTS_HARNESS) --impair $(IMPAIR)
+test-faults: faults-selftest $(FAULTS_HARNESS) $(SO) $(SHM_SO) $(IMPAIR)
+	scripts/faults/run.sh --plugin $(SO) --shm-plugin $(SHM_SO) --harness $(FAULTS_HARNESS) --impair $(IMPAIR)
 
 faults-selftest: $(FAULTS_HARNESS) $(FAULTY_SO)
 	scripts/faults/selftest.sh $(FAULTS_HARNESS) $(FAULTY_SO)

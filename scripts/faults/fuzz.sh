@@ -11,7 +11,7 @@
 # A crash leaves its input in <package>/testdata/fuzz/<Target>/<hash>; commit it
 # (it becomes a seed that every `go test` replays) together with the fix.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 GO=${GO:-go}
 FUZZTIME=${FUZZTIME:-15s}
 PARALLEL=${FUZZ_PARALLEL:-2}

@@ -11,7 +11,10 @@
 #          cut cable (this kernel has no sch_netem)
 # Rank 0 (receiver, listener) runs in faults-a, rank 1 (sender) in faults-b.
 #
-#   scripts/faults/run.sh [--plugin SO] [--harness BIN] [--impair BIN] [--only A,B] [--list]
+#   scripts/faults/run.sh [--plugin SO] [--shm-plugin SO] [--harness BIN] [--impair BIN] [--only A,B] [--list]
+#
+# The shm-* scenarios run the same driver against the SDK example transport
+# (libnccl-net-shm.so: same host, so no namespaces).
 #
 # Every step runs under a watchdog (a hung step fails, naming the scenario);
 # namespaces, TAP devices and the relay are removed on exit and before
@@ -19,9 +22,10 @@
 # only where the machine cannot create a network namespace, and says why.
 # Logs: build/faults/<scenario>.{out,err}; summary: build/faults/summary.txt.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 
 PLUGIN=build/libnccl-net-go.so
+SHM_PLUGIN=build/libnccl-net-shm.so
 HARNESS=build/ncclnet-harness
 IMPAIR=build/impair
 ONLY=""
@@ -30,12 +34,13 @@ OUT=${FAULTS_OUT:-build/faults}
 KILL_TRIALS=${FAULTS_KILL_TRIALS:-100}
 ABORT_ROUNDS=${FAULTS_ABORT_ROUNDS:-200}
 usage() {
-  echo "usage: $0 [--plugin SO] [--harness BIN] [--impair BIN] [--only SCENARIO[,SCENARIO]] [--list]" >&2
+  echo "usage: $0 [--plugin SO] [--shm-plugin SO] [--harness BIN] [--impair BIN] [--only SCENARIO[,SCENARIO]] [--list]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
   case "$1" in
     --plugin) PLUGIN=$2; shift 2 ;;
+    --shm-plugin) SHM_PLUGIN=$2; shift 2 ;;
     --harness) HARNESS=$2; shift 2 ;;
     --impair) IMPAIR=$2; shift 2 ;;
     --only) ONLY=$2; shift 2 ;;
@@ -54,16 +59,16 @@ NETNS=(--netns "$NS_A,$NS_B")
 
 SCENARIOS=(path-veth path-relay slow-recv-0 slow-recv-4 slow-link kill kill-4 connect-refused connect-blackhole
   impaired impaired-4 link-down link-down-timeout cable-cut cable-cut-timeout freeze-recv freeze-send stray
-  abort-v12 abort-v10)
+  abort-v12 abort-v10 shm-slow-recv shm-kill shm-freeze-recv shm-abort)
 if [ $LIST = 1 ]; then printf '%s\n' "${SCENARIOS[@]}"; exit 0; fi
 
 log() { echo "test-faults: $*"; }
 die() { log "FAIL: $*"; exit 1; }
 
-for f in "$PLUGIN" "$HARNESS" "$IMPAIR"; do
-  [ -x "$f" ] || [ -f "$f" ] || die "$f does not exist (make test-faults builds it)"
+for f in "$PLUGIN" "$SHM_PLUGIN" "$HARNESS" "$IMPAIR"; do
+  [ -f "$f" ] || die "$f does not exist (make test-faults builds it)"
 done
-PLUGIN=$(realpath "$PLUGIN") HARNESS=$(realpath "$HARNESS") IMPAIR=$(realpath "$IMPAIR")
+PLUGIN=$(realpath "$PLUGIN") SHM_PLUGIN=$(realpath "$SHM_PLUGIN") HARNESS=$(realpath "$HARNESS") IMPAIR=$(realpath "$IMPAIR")
 command -v ip >/dev/null || die "ip (iproute2) not found: run make deps"
 command -v tc >/dev/null || die "tc (iproute2) not found: run make deps"
 command -v timeout >/dev/null || die "timeout (coreutils) not found"
@@ -120,7 +125,10 @@ setup() {
   ip -n "$NS_A" addr add "$V_A/24" dev "$VA" && ip -n "$NS_B" addr add "$V_B/24" dev "$VB" || return 1
   ip -n "$NS_A" link set "$VA" up && ip -n "$NS_B" link set "$VB" up || return 1
   if [ ! -c /dev/net/tun ]; then
-    mkdir -p /dev/net && mknod /dev/net/tun c 10 200 || { log "no /dev/net/tun and cannot create it"; return 1; }
+    if ! { mkdir -p /dev/net && mknod /dev/net/tun c 10 200; }; then
+      log "no /dev/net/tun and cannot create it"
+      return 1
+    fi
   fi
   # The relay creates both TAP devices here (root namespace), then they move.
   "$IMPAIR" run -a "$TA" -b "$TB" -ctl "$CTL" -seed "${FAULTS_SEED:-20240611}" >"$OUT/impair.log" 2>&1 &
@@ -164,6 +172,12 @@ selected() {
 
 declare -a RESULTS=()
 FAILED=0
+# arrange_failed NAME WHAT: the scenario's own set-up (tc, neigh, relay) failed.
+arrange_failed() {
+  FAILED=1
+  RESULTS+=("$(printf '%-20s %-44s %4ss' "$1" "FAIL (could not $2)" 0)")
+  log "FAIL $1: could not $2"
+}
 # run_step NAME LIMIT [VAR=VALUE...] -- HARNESS_ARGS...: one scenario under a
 # watchdog; its stdout is shown and kept, its stderr (the plugin's WARNs) kept.
 run_step() {
@@ -177,7 +191,7 @@ run_step() {
   echo "=== test-faults: $name (${envs[*]:-default env}) ==="
   # In the background, so that an interrupted lane stops the step at once.
   : >"$OUT/$name.out" # exists before tail looks for it
-  env NCCL_DEBUG="${NCCL_DEBUG:-WARN}" "${envs[@]}" timeout -k 10 "$limit" "$HARNESS" faults "$@" --plugin "$PLUGIN" \
+  env NCCL_DEBUG="${NCCL_DEBUG:-WARN}" "${envs[@]}" timeout -k 10 "$limit" "$HARNESS" faults "$@" --plugin "${STEP_PLUGIN:-$PLUGIN}" \
     >>"$OUT/$name.out" 2>"$OUT/$name.err" &
   STEP_PID=$!
   tail -s 0.2 -n +1 -f --pid="$STEP_PID" "$OUT/$name.out" &
@@ -218,7 +232,8 @@ sc_slow-recv-4() { run_step slow-recv-4 120 $VETH NCCL_GO_TIMEOUT=2 "${STREAMS4[
 # A slow link is not a dead peer: each 16 MiB message needs about 5.4 s at
 # 25 Mbit/s, more than twice NCCL_GO_TIMEOUT, and makes progress all along.
 sc_slow-link() {
-  tc -n "$NS_B" qdisc replace dev "$VB" root tbf rate 25mbit burst 64kb latency 100ms || { FAILED=1; return; }
+  tc -n "$NS_B" qdisc replace dev "$VB" root tbf rate 25mbit burst 64kb latency 100ms ||
+    { arrange_failed slow-link "add a tbf qdisc to $VB"; return; }
   run_step slow-link 120 $VETH NCCL_GO_TIMEOUT=2 -- transfer "${NETNS[@]}" --size 16M --iters 2
   tc -n "$NS_B" qdisc del dev "$VB" root
 }
@@ -228,20 +243,21 @@ sc_connect-refused() { run_step connect-refused 120 $VETH NCCL_GO_TIMEOUT=3 -- c
 # The sender (faults-b) reaches the listener's address through a neighbour
 # entry for a MAC nobody has: its SYNs leave and vanish, nothing answers.
 sc_connect-blackhole() {
-  ip -n "$NS_B" neigh replace "$V_A" lladdr "$NOWHERE_MAC" dev "$VB" nud permanent || { FAILED=1; return; }
+  ip -n "$NS_B" neigh replace "$V_A" lladdr "$NOWHERE_MAC" dev "$VB" nud permanent ||
+    { arrange_failed connect-blackhole "add the black-hole neighbour entry"; return; }
   run_step connect-blackhole 120 $VETH NCCL_GO_TIMEOUT=3 -- connect-blackhole "${NETNS[@]}" --within 6
   ip -n "$NS_B" neigh del "$V_A" dev "$VB"
 }
 # 1 % loss and 10 ms delay each way (20 ms round trip), 1 GiB, plain TCP on
 # the same path in the same run.
 sc_impaired() {
-  impair reset >/dev/null && impair set loss=1% delay=10ms >/dev/null || { FAILED=1; return; }
+  if ! { impair reset && impair set loss=1% delay=10ms; } >/dev/null; then arrange_failed impaired "configure the relay"; return; fi
   run_step impaired 600 $RELAY -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 10
   echo "relay: $(impair stats)"
   impair reset >/dev/null
 }
 sc_impaired-4() {
-  impair reset >/dev/null && impair set loss=1% delay=10ms >/dev/null || { FAILED=1; return; }
+  if ! { impair reset && impair set loss=1% delay=10ms; } >/dev/null; then arrange_failed impaired-4 "configure the relay"; return; fi
   run_step impaired-4 600 $RELAY "${STREAMS4[@]}" -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 10
   echo "relay: $(impair stats)"
   impair reset >/dev/null
@@ -270,6 +286,17 @@ sc_abort-v12() { run_step abort-v12 600 $VETH NCCL_GO_TIMEOUT=5 -- abort "${NETN
 sc_abort-v10() {
   run_step abort-v10 600 $VETH NCCL_GO_TIMEOUT=5 -- abort "${NETNS[@]}" --version 10 --rounds $((ABORT_ROUNDS / 2))
 }
+# The shm example transport (issue 9: every transport detects a dead peer,
+# survives a slow or frozen one, and aborts cleanly).
+sc_shm-slow-recv() {
+  STEP_PLUGIN=$SHM_PLUGIN run_step shm-slow-recv 120 NCCL_GO_TIMEOUT=2 -- slow-recv --size 16M --hold 6
+}
+sc_shm-kill() { STEP_PLUGIN=$SHM_PLUGIN run_step shm-kill 300 NCCL_GO_TIMEOUT=2 -- kill --trials $((KILL_TRIALS / 5 + 1)); }
+sc_shm-freeze-recv() {
+  STEP_PLUGIN=$SHM_PLUGIN run_step shm-freeze-recv 120 NCCL_GO_TIMEOUT=2 -- transfer --size 16M --iters 16 --fault stop \
+    --victim recv --hold 6
+}
+sc_shm-abort() { STEP_PLUGIN=$SHM_PLUGIN run_step shm-abort 300 NCCL_GO_TIMEOUT=5 -- abort --rounds $((ABORT_ROUNDS / 2)); }
 
 log "setting up $NS_A / $NS_B (veth $VA-$VB, relay $TA-$TB)"
 setup || die "could not set up the namespaces and paths (see above)"
