@@ -99,11 +99,24 @@ typedef struct {
   atomic_ullong fault_end_ns;    /* injection over (SIGCONT sent, command returned) */
   atomic_int fault_rc;           /* command exit status, or -1 */
   atomic_int injected;
-  /* stray / abort figures */
-  atomic_int fds[2][4];          /* baseline, at return, settled, max seen */
-  atomic_int threads[2][3];      /* baseline, end, max */
-  atomic_int count[2][8];        /* scenario-specific counters */
-  atomic_ullong dur_ns[2][4];    /* scenario-specific durations */
+  /* transfer */
+  atomic_ullong xfer_ns[2];        /* the transfer (after a hold), as the rank timed it */
+  atomic_ullong pending_max_ns[2]; /* longest a request stayed pending */
+  atomic_int tcp_streams;          /* plain-TCP baseline, as the receiver saw it */
+  atomic_ullong tcp_ns, tcp_bytes;
+  /* connect */
+  atomic_int connect_outcome;      /* 0: still pending when given up, 1: error, 2: connected */
+  atomic_ullong connect_ns, finalize_ns;
+  /* stray */
+  atomic_int strays_made, strays_refused, hanging_at_connect, hanging_at_close;
+  atomic_ullong setup_ns[2];       /* connect / accept of the real connection */
+  atomic_int warns[2];
+  /* stray, abort: -1 until measured */
+  atomic_int fds_base[2], fds_after[2], fds_settled[2];
+  atomic_int threads_base[2], threads_end[2], threads_max[2];
+  /* abort */
+  atomic_int rounds_done[2], late_rounds[2], plugin_errors[2], abandoned[2], worst_round[2];
+  atomic_ullong worst_round_ns[2];
   char note[2][1024];
 } fshm_t;
 
@@ -791,9 +804,9 @@ static int tcp_baseline(rank_t* r, fctx_t* c, flink_t* l, uint64_t bytes, char* 
       moved += jobs[i].moved;
     }
     double secs = secs_since(t0);
-    atomic_store(&f->count[RECV][6], k);
-    atomic_store(&f->dur_ns[RECV][2], (unsigned long long)(secs * 1e9));
-    atomic_store(&f->dur_ns[RECV][3], moved);
+    atomic_store(&f->tcp_streams, k);
+    atomic_store(&f->tcp_ns, (unsigned long long)(secs * 1e9));
+    atomic_store(&f->tcp_bytes, moved);
     rc = 0;
   } else {
     sockent_t dst;
@@ -876,8 +889,8 @@ static int xfer_rank(rank_t* r, void* arg) {
     if (k == 1) rc = 0;
     goto done;
   }
-  atomic_store(&f->dur_ns[r->rank][0], (unsigned long long)(x.secs * 1e9));
-  atomic_store(&f->dur_ns[r->rank][1], (unsigned long long)(x.pending_max * 1e9));
+  atomic_store(&f->xfer_ns[r->rank], (unsigned long long)(x.secs * 1e9));
+  atomic_store(&f->pending_max_ns[r->rank], (unsigned long long)(x.pending_max * 1e9));
   if (o->scenario == SC_TRANSFER && o->tcp_streams != 0) {
     xfer_release(&n, l.comm, &x);
     if (tcp_baseline(r, c, &l, (uint64_t)o->size * (uint64_t)o->iters, why, sizeof why) != 0) goto done;
@@ -949,15 +962,15 @@ static int connect_rank(rank_t* r, void* arg) {
       set_where(r, "polling connect (%.1f s)", secs_since(t0));
       sched_yield();
     }
-    atomic_store(&f->dur_ns[SEND][0], now_ns() - t0);
-    atomic_store(&f->count[SEND][0], verdict);
+    atomic_store(&f->connect_ns, now_ns() - t0);
+    atomic_store(&f->connect_outcome, verdict);
     ctl_send(r, &verdict, sizeof verdict);
     /* Abandon a still-pending connect as NCCL does on abort: finalize. */
     uint64_t t1 = now_ns();
     set_where(r, "%s", verdict == 0 ? "finalize with the connect still pending" : "finalize");
     flink_down(&n, &l, r->rank);
     rank_close(&n);
-    atomic_store(&f->dur_ns[SEND][1], now_ns() - t1);
+    atomic_store(&f->finalize_ns, now_ns() - t1);
     n.table = NULL;
     rc = 0;
   }
@@ -1078,13 +1091,13 @@ static void close_strays(strays_t* st) {
 static void fd_check(rank_t* r, fctx_t* c, int base) {
   fshm_t* f = c->f;
   int now = count_fds();
-  atomic_store(&f->fds[r->rank][1], now);
+  atomic_store(&f->fds_after[r->rank], now);
   uint64_t until = now_ns() + 2000000000ull;
   while (now > base && now_ns() < until) {
     sleep_ms(20);
     now = count_fds();
   }
-  atomic_store(&f->fds[r->rank][2], now);
+  atomic_store(&f->fds_settled[r->rank], now);
 }
 
 /* A listen and close before the baseline: the first network call makes the
@@ -1120,7 +1133,7 @@ static int stray_rank(rank_t* r, void* arg) {
   if (rank_begin(r, c, &n, &p, why, sizeof why) != 0) goto done;
   if (warm_up(r, &n, why, sizeof why) != 0) goto done;
   int base = count_fds();
-  atomic_store(&f->fds[r->rank][0], base);
+  atomic_store(&f->fds_base[r->rank], base);
   int warns0 = atomic_load(&g_warns);
   ncclNetDeviceHandle_v8_t* dh = NULL;
   ncclNetCommConfig_v10_t cfg = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
@@ -1148,7 +1161,7 @@ static int stray_rank(rank_t* r, void* arg) {
       }
       sched_yield();
     }
-    atomic_store(&f->dur_ns[RECV][0], now_ns() - t0);
+    atomic_store(&f->setup_ns[RECV], now_ns() - t0);
     /* The listener stays open: more strays come after set-up, while data moves. */
     if (ctl_barrier(r, 60) != 0) goto done;
   } else {
@@ -1158,9 +1171,9 @@ static int stray_rank(rank_t* r, void* arg) {
       goto done;
     }
     throw_strays(r, c, &l, &st, "before connect");
-    atomic_store(&f->count[SEND][0], st.n);
-    atomic_store(&f->count[SEND][2], st.made);
-    atomic_store(&f->count[SEND][3], st.refused);
+    atomic_store(&f->hanging_at_connect, st.n);
+    atomic_store(&f->strays_made, st.made);
+    atomic_store(&f->strays_refused, st.refused);
     set_where(r, "connect after strays");
     t0 = now_ns();
     while (l.comm == NULL) {
@@ -1175,12 +1188,12 @@ static int stray_rank(rank_t* r, void* arg) {
       }
       sched_yield();
     }
-    atomic_store(&f->dur_ns[SEND][0], now_ns() - t0);
+    atomic_store(&f->setup_ns[SEND], now_ns() - t0);
     if (ctl_barrier(r, 60) != 0) goto done;
     throw_strays(r, c, &l, &st, "after set-up");
-    atomic_store(&f->count[SEND][1], st.n);
-    atomic_store(&f->count[SEND][2], st.made);
-    atomic_store(&f->count[SEND][3], st.refused);
+    atomic_store(&f->hanging_at_close, st.n);
+    atomic_store(&f->strays_made, st.made);
+    atomic_store(&f->strays_refused, st.refused);
   }
   /* Data over the real connection while strays hang on the listener. */
   x.size = o->size;
@@ -1194,7 +1207,7 @@ static int stray_rank(rank_t* r, void* arg) {
   flink_down(&n, &l, r->rank);
   if (r->rank == SEND) close_strays(&st);
   fd_check(r, c, base);
-  atomic_store(&f->count[r->rank][4], atomic_load(&g_warns) - warns0);
+  atomic_store(&f->warns[r->rank], atomic_load(&g_warns) - warns0);
   set_where(r, "finalize");
   rank_close(&n);
   n.table = NULL;
@@ -1360,8 +1373,8 @@ static int abort_rank(rank_t* r, void* arg) {
     if (k == 1 || (!per_comm && k == 0)) {
       base = fds;
       tbase = th;
-      atomic_store(&f->fds[r->rank][0], base);
-      atomic_store(&f->threads[r->rank][0], tbase);
+      atomic_store(&f->fds_base[r->rank], base);
+      atomic_store(&f->threads_base[r->rank], tbase);
     } else if (base >= 0 && fds > base) {
       int at_return = fds;
       uint64_t until = now_ns() + 2000000000ull;
@@ -1373,7 +1386,7 @@ static int abort_rank(rank_t* r, void* arg) {
         snprintf(why, sizeof why, "round %d (%s): %d descriptors open after %s returned, baseline %d; still %d 2 s later (a leak)",
                  k, kind == 0 ? "abort during set-up" : "abort with requests in flight", at_return,
                  per_comm ? "finalize" : "close", base, fds);
-        atomic_store(&f->fds[r->rank][1], at_return);
+        atomic_store(&f->fds_after[r->rank], at_return);
         goto done;
       }
       late++;
@@ -1383,16 +1396,16 @@ static int abort_rank(rank_t* r, void* arg) {
                kind == 0 ? "abort during set-up" : "abort with requests in flight", secs, o->within);
       goto done;
     }
-    atomic_store(&f->count[r->rank][0], k + 1);
+    atomic_store(&f->rounds_done[r->rank], k + 1);
   }
-  atomic_store(&f->fds[r->rank][1], count_fds());
-  atomic_store(&f->threads[r->rank][1], count_threads());
-  atomic_store(&f->threads[r->rank][2], tmax);
-  atomic_store(&f->count[r->rank][1], late);
-  atomic_store(&f->count[r->rank][2], errors);
-  atomic_store(&f->count[r->rank][3], pending_closed);
-  atomic_store(&f->count[r->rank][5], worst_round);
-  atomic_store(&f->dur_ns[r->rank][0], (unsigned long long)(worst * 1e9));
+  atomic_store(&f->fds_after[r->rank], count_fds());
+  atomic_store(&f->threads_end[r->rank], count_threads());
+  atomic_store(&f->threads_max[r->rank], tmax);
+  atomic_store(&f->late_rounds[r->rank], late);
+  atomic_store(&f->plugin_errors[r->rank], errors);
+  atomic_store(&f->abandoned[r->rank], pending_closed);
+  atomic_store(&f->worst_round[r->rank], worst_round);
+  atomic_store(&f->worst_round_ns[r->rank], (unsigned long long)(worst * 1e9));
   rc = 0;
 done:
   if (why[0]) note(r, c, "%s", why);
@@ -1625,8 +1638,12 @@ static void fshm_reset(fshm_t* f) {
   memset(f, 0, sizeof *f);
   atomic_store(&f->fault_rc, -1);
   for (int i = 0; i < 2; i++) {
-    for (int k = 0; k < 4; k++) atomic_store(&f->fds[i][k], -1);
-    for (int k = 0; k < 3; k++) atomic_store(&f->threads[i][k], -1);
+    atomic_store(&f->fds_base[i], -1);
+    atomic_store(&f->fds_after[i], -1);
+    atomic_store(&f->fds_settled[i], -1);
+    atomic_store(&f->threads_base[i], -1);
+    atomic_store(&f->threads_end[i], -1);
+    atomic_store(&f->threads_max[i], -1);
   }
 }
 
@@ -1665,8 +1682,9 @@ static int one_run(fctx_t* c, shm_t* s, rank_fn fn, bool inject, pair_outcome_t*
   /* abort restarts the per-check watchdog every round: no bound on the total. */
   int rc = run_pair(s, fn, c, c->o->limit, c->o->scenario == SC_ABORT ? 0 : c->o->limit + 30, out);
   /* A command injector (ip link down; sleep; up) is waited for, so the path
-   * is whole again before anything else runs. */
-  *inj_status = inject ? stop_injector(inj, c->o->fault == FAULT_CMD ? c->o->limit : 1) : -1;
+   * is whole again before anything else runs; a SIGSTOP one until its SIGCONT. */
+  double wait = c->o->fault == FAULT_CMD ? c->o->limit : c->o->fault == FAULT_STOP ? c->o->hold + 2 : 1;
+  *inj_status = inject ? stop_injector(inj, wait) : -1;
   return rc;
 }
 
@@ -1699,8 +1717,8 @@ static int judge_slow(fctx_t* c, const pair_outcome_t* out) {
              i == SEND ? "posting its sends" : "the hold began", i == SEND ? e1 : e0);
     else if (atomic_load(&f->verified[i]))
       printf("faults %s:   %s: %s; longest a request stayed pending %.2f s, transfer %.2f s, no error\n", sc, victim_name(i),
-             i == SEND ? "every send completed" : "every byte verified", (double)atomic_load(&f->dur_ns[i][1]) / 1e9,
-             (double)atomic_load(&f->dur_ns[i][0]) / 1e9);
+             i == SEND ? "every send completed" : "every byte verified", (double)atomic_load(&f->pending_max_ns[i]) / 1e9,
+             (double)atomic_load(&f->xfer_ns[i]) / 1e9);
     else
       printf("faults %s:   %s: neither completed nor saw an error\n", sc, victim_name(i));
   }
@@ -1790,9 +1808,9 @@ static int judge_connect(fctx_t* c, const pair_outcome_t* out) {
   const fopts_t* o = c->o;
   fshm_t* f = c->f;
   const char* sc = SC_NAMES[o->scenario];
-  int verdict = atomic_load(&f->count[SEND][0]);
-  double secs = (double)atomic_load(&f->dur_ns[SEND][0]) / 1e9;
-  double fin = (double)atomic_load(&f->dur_ns[SEND][1]) / 1e9;
+  int verdict = atomic_load(&f->connect_outcome);
+  double secs = (double)atomic_load(&f->connect_ns) / 1e9;
+  double fin = (double)atomic_load(&f->finalize_ns) / 1e9;
   char e[512] = "";
   if (verdict == 1) err_desc(f, SEND, e, sizeof e);
   bool pass = !out->hung && rank_ok(out, 0) && rank_ok(out, 1) && verdict == 1 && secs <= o->within;
@@ -1836,7 +1854,7 @@ static int judge_transfer(fctx_t* c, const pair_outcome_t* out, int inj) {
              d, e);
       if (!o->expect_error || d < 0 || d > o->within) pass = false;
     } else if (atomic_load(&f->verified[i])) {
-      double secs = (double)atomic_load(&f->dur_ns[i][0]) / 1e9;
+      double secs = (double)atomic_load(&f->xfer_ns[i]) / 1e9;
       uint64_t done = atomic_load(&f->done_ns[i]);
       printf("faults %s:   %s: %d x %s %s in %.2f s = %.3f GB/s%s", sc, victim_name(i), o->iters, szs,
              i == RECV ? "received, every byte verified" : "sent", secs, secs > 0 ? bytes / secs / 1e9 : 0.0,
@@ -1852,11 +1870,11 @@ static int judge_transfer(fctx_t* c, const pair_outcome_t* out, int inj) {
     printf("faults %s:   expected: both ranks fail within %.1f s of the fault (NCCL_GO_TIMEOUT=%g s)\n", sc, o->within,
            o->peer_timeout);
   if (o->tcp_streams != 0 && atomic_load(&f->verified[RECV])) {
-    double ts = (double)atomic_load(&f->dur_ns[RECV][2]) / 1e9, tb = (double)atomic_load(&f->dur_ns[RECV][3]);
-    double plugin = bytes / ((double)atomic_load(&f->dur_ns[RECV][0]) / 1e9) / 1e9, tcp = ts > 0 ? tb / ts / 1e9 : 0;
+    double ts = (double)atomic_load(&f->tcp_ns) / 1e9, tb = (double)atomic_load(&f->tcp_bytes);
+    double plugin = bytes / ((double)atomic_load(&f->xfer_ns[RECV]) / 1e9) / 1e9, tcp = ts > 0 ? tb / ts / 1e9 : 0;
     if (tb > 0) {
       printf("faults %s:   plain TCP, same path, same run: %d stream%s, %.0f bytes in %.2f s = %.3f GB/s; plugin/TCP = %.2f\n",
-             sc, atomic_load(&f->count[RECV][6]), atomic_load(&f->count[RECV][6]) == 1 ? "" : "s", tb, ts, tcp,
+             sc, atomic_load(&f->tcp_streams), atomic_load(&f->tcp_streams) == 1 ? "" : "s", tb, ts, tcp,
              tcp > 0 ? plugin / tcp : 0);
     } else {
       printf("faults %s:   plain TCP baseline did not run\n", sc);
@@ -1875,20 +1893,20 @@ static int judge_stray(fctx_t* c, const pair_outcome_t* out) {
   bool pass = !out->hung && rank_ok(out, 0) && rank_ok(out, 1) && atomic_load(&f->verified[RECV]);
   printf("faults %s: %d kinds x %d strays, before connect and again after set-up (%d connections made, %d refused); "
          "%d hanging while the real connect ran, %d while the listener closed\n",
-         sc, ST_KINDS, o->strays, atomic_load(&f->count[SEND][2]), atomic_load(&f->count[SEND][3]),
-         atomic_load(&f->count[SEND][0]), atomic_load(&f->count[SEND][1]));
+         sc, ST_KINDS, o->strays, atomic_load(&f->strays_made), atomic_load(&f->strays_refused),
+         atomic_load(&f->hanging_at_connect), atomic_load(&f->hanging_at_close));
   printf("faults %s:   real connection: connect %.3f s, accept %.3f s; data %s\n", sc,
-         (double)atomic_load(&f->dur_ns[SEND][0]) / 1e9, (double)atomic_load(&f->dur_ns[RECV][0]) / 1e9,
+         (double)atomic_load(&f->setup_ns[SEND]) / 1e9, (double)atomic_load(&f->setup_ns[RECV]) / 1e9,
          atomic_load(&f->verified[RECV]) ? "verified" : "NOT verified");
   for (int i = 0; i < 2; i++) {
-    int b = atomic_load(&f->fds[i][0]), r = atomic_load(&f->fds[i][1]), st = atomic_load(&f->fds[i][2]);
+    int b = atomic_load(&f->fds_base[i]), r = atomic_load(&f->fds_after[i]), st = atomic_load(&f->fds_settled[i]);
     if (r < 0) {
       printf("faults %s:   %s: fds not checked (the rank did not get that far)\n", sc, victim_name(i));
       pass = false;
       continue;
     }
     printf("faults %s:   %s: fds baseline %d, right after close %d, 2 s later %d; %d WARNs\n", sc, victim_name(i), b, r, st,
-           atomic_load(&f->count[i][4]));
+           atomic_load(&f->warns[i]));
     if (st > b || r > b) pass = false;
   }
   print_rank_notes(sc, f, out);
@@ -1908,21 +1926,21 @@ static int judge_abort(fctx_t* c, const pair_outcome_t* out) {
                                        " of abort-with-requests-in-flight (no finalize before v11)",
          szs, FWINDOW, o->within);
   for (int i = 0; i < 2; i++) {
-    int tb = atomic_load(&f->threads[i][0]), te = atomic_load(&f->threads[i][1]), tm = atomic_load(&f->threads[i][2]);
-    int done = atomic_load(&f->count[i][0]);
+    int tb = atomic_load(&f->threads_base[i]), te = atomic_load(&f->threads_end[i]), tm = atomic_load(&f->threads_max[i]);
+    int done = atomic_load(&f->rounds_done[i]);
     if (done != o->rounds) {
       printf("faults %s:   %s: stopped after %d of %d rounds (fds baseline %d)\n", sc, victim_name(i), done, o->rounds,
-             atomic_load(&f->fds[i][0]));
+             atomic_load(&f->fds_base[i]));
       pass = false;
       continue;
     }
     printf("faults %s:   %s: %d rounds; fds baseline %d, end %d, %d rounds released them only after finalize/close "
            "returned; threads baseline %d, end %d, max %d; slowest round %.3f s (#%d); %d plugin errors, %d "
            "requests/connects abandoned\n",
-           sc, victim_name(i), done, atomic_load(&f->fds[i][0]), atomic_load(&f->fds[i][1]), atomic_load(&f->count[i][1]), tb,
-           te, tm, (double)atomic_load(&f->dur_ns[i][0]) / 1e9, atomic_load(&f->count[i][5]), atomic_load(&f->count[i][2]),
-           atomic_load(&f->count[i][3]));
-    if (atomic_load(&f->count[i][1]) > 0) pass = false; /* finalize/close must release before returning */
+           sc, victim_name(i), done, atomic_load(&f->fds_base[i]), atomic_load(&f->fds_after[i]), atomic_load(&f->late_rounds[i]),
+           tb, te, tm, (double)atomic_load(&f->worst_round_ns[i]) / 1e9, atomic_load(&f->worst_round[i]),
+           atomic_load(&f->plugin_errors[i]), atomic_load(&f->abandoned[i]));
+    if (atomic_load(&f->late_rounds[i]) > 0) pass = false; /* finalize/close must release before returning */
     if (te > tb + 16) {
       printf("faults %s:   %s: threads grew by %d over the rounds (a thread leak)\n", sc, victim_name(i), te - tb);
       pass = false;
