@@ -111,6 +111,7 @@ trap 'cleanup' EXIT
 trap 'cleanup; exit 130' INT TERM
 
 # The one reason to skip: no network namespaces at all.
+ip netns del faults-probe 2>/dev/null # left by a run killed right here
 if ! why=$(ip netns add faults-probe 2>&1); then
   log "SKIP: this machine cannot create a network namespace (ip netns add: $why); the fault lane needs two"
   exit 0
