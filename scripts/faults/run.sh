@@ -73,6 +73,14 @@ command -v ip >/dev/null || die "ip (iproute2) not found: run make deps"
 command -v tc >/dev/null || die "tc (iproute2) not found: run make deps"
 command -v timeout >/dev/null || die "timeout (coreutils) not found"
 
+# The one reason to skip: no network namespaces at all.
+ip netns del faults-probe 2>/dev/null # left by a run killed right here
+if ! why=$(ip netns add faults-probe 2>&1); then
+  log "SKIP: this machine cannot create a network namespace (ip netns add: $why); the fault lane needs two"
+  exit 0
+fi
+ip netns del faults-probe
+
 # One lane at a time on a machine: the names below are fixed so a crashed run
 # can be cleaned up by the next one.
 mkdir -p "$OUT" "$RUN"
@@ -110,13 +118,6 @@ cleanup() {
 trap 'cleanup' EXIT
 trap 'cleanup; exit 130' INT TERM
 
-# The one reason to skip: no network namespaces at all.
-ip netns del faults-probe 2>/dev/null # left by a run killed right here
-if ! why=$(ip netns add faults-probe 2>&1); then
-  log "SKIP: this machine cannot create a network namespace (ip netns add: $why); the fault lane needs two"
-  exit 0
-fi
-ip netns del faults-probe
 
 setup() {
   cleanup
