@@ -251,16 +251,17 @@ sc_connect-blackhole() {
   ip -n "$NS_B" neigh del "$V_A" dev "$VB"
 }
 # 1 % loss and 10 ms delay each way (20 ms round trip), 1 GiB, plain TCP on
-# the same path in the same run.
+# the same path in the same run with as many streams as the plugin puts data
+# on (0 data streams: all of it on the control stream).
 sc_impaired() {
   if ! { impair reset && impair set loss=1% delay=10ms; } >/dev/null; then arrange_failed impaired "configure the relay"; return; fi
-  run_step impaired 600 $RELAY -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 10
+  run_step impaired 600 $RELAY "${STREAMS0[@]}" -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams 1 --tcp-secs 10
   echo "relay: $(impair stats)"
   impair reset >/dev/null
 }
 sc_impaired-4() {
   if ! { impair reset && impair set loss=1% delay=10ms; } >/dev/null; then arrange_failed impaired-4 "configure the relay"; return; fi
-  run_step impaired-4 600 $RELAY "${STREAMS4[@]}" -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams auto --tcp-secs 10
+  run_step impaired-4 600 $RELAY "${STREAMS4[@]}" -- transfer "${NETNS[@]}" --size 64M --iters 16 --tcp-streams 4 --tcp-secs 10
   echo "relay: $(impair stats)"
   impair reset >/dev/null
 }
