@@ -58,7 +58,7 @@ NOWHERE_MAC=02:00:5e:00:53:01 # locally administered; no interface has it
 NETNS=(--netns "$NS_A,$NS_B")
 
 SCENARIOS=(path-veth path-relay slow-recv-0 slow-recv-4 slow-link kill kill-4 connect-refused connect-blackhole
-  impaired impaired-4 link-down link-down-timeout cable-cut cable-cut-timeout freeze-recv freeze-send stray
+  impaired impaired-4 link-down link-down-timeout cable-cut cable-cut-timeout cable-cut-short freeze-recv freeze-send stray
   abort-v12 abort-v10 shm-slow-recv shm-kill shm-freeze-recv shm-abort)
 if [ $LIST = 1 ]; then printf '%s\n' "${SCENARIOS[@]}"; exit 0; fi
 
@@ -276,6 +276,11 @@ sc_cable-cut() { run_step cable-cut 300 $RELAY -- transfer "${NETNS[@]}" --size 
 sc_cable-cut-timeout() {
   run_step cable-cut-timeout 300 $RELAY NCCL_GO_TIMEOUT=2 -- transfer "${NETNS[@]}" --size 16M --iters 16 --fault cmd \
     --cmd "$CABLE_CUT" --expect error --within 4
+}
+# An outage of half NCCL_GO_TIMEOUT is a hiccup, not a dead peer.
+sc_cable-cut-short() {
+  run_step cable-cut-short 300 $RELAY NCCL_GO_TIMEOUT=4 -- transfer "${NETNS[@]}" --size 16M --iters 16 --fault cmd \
+    --cmd "$IMPAIR ctl -ctl $CTL down 2s >/dev/null && sleep 2"
 }
 # CONVENTIONS.md 6: a frozen process is alive (its kernel answers).
 sc_freeze-recv() {
