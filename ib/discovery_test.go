@@ -24,34 +24,6 @@ func TestChunkSizeIs128Aligned(t *testing.T) {
 	}
 }
 
-func TestHCAFilter(t *testing.T) {
-	for _, c := range []struct {
-		spec string
-		dev  string
-		port int
-		want bool
-	}{
-		{"", "mlx5_0", 1, true},
-		{"mlx5", "mlx5_10", 1, true},
-		{"mlx5_0:1,mlx5_1", "mlx5_0", 2, false},
-		{"mlx5_0:1,mlx5_1", "mlx5_0", 1, true},
-		{"mlx5_0:1,mlx5_1", "mlx5_1", 2, true},
-		{"=mlx5_1", "mlx5_10", 1, false},
-		{"=mlx5_1", "mlx5_1", 1, true},
-		{"^mlx5_0", "mlx5_0", 1, false},
-		{"^mlx5_0", "mlx5_1", 1, true},
-		{"^=mlx5_1", "mlx5_10", 1, true},
-		{"^=mlx5_1", "mlx5_1", 1, false},
-		{"mlx5_0:1:0:1", "mlx5_0", 1, true}, // rail and plane fields ignored
-	} {
-		f, err := parseHCAFilter(c.spec)
-		require.NoError(t, err, c.spec)
-		assert.Equal(t, c.want, f.match(c.dev, c.port), "NCCL_IB_HCA=%s %s:%d", c.spec, c.dev, c.port)
-	}
-	_, err := parseHCAFilter("mlx5_0:x")
-	assert.Error(t, err)
-}
-
 func TestDiscoveryFiltersAndProperties(t *testing.T) {
 	f := softnic.NewFabric()
 	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1", Ports: 2, MaxQP: 1000, GUID: 0xabc})
@@ -70,7 +42,7 @@ func TestDiscoveryFiltersAndProperties(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:00/0000:00:01.0", GUID: 0xabc,
 		PtrSupport: nccl.PtrHost, RegIsGlobal: true, Speed: 100000, Port: 1, MaxComms: 1000, MaxRecvs: 8, VDevs: []int{0},
-		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize, RailID: -1, PlaneID: -1}, p)
+		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize}, p)
 	p, _ = h.t.Properties(1)
 	assert.Equal(t, 2, p.Port)
 
@@ -189,43 +161,4 @@ func TestRoCEEndToEnd(t *testing.T) {
 	assert.Equal(t, []int{5000}, sizes)
 	assert.Equal(t, pattern(5000, 0), got[0][:5000])
 	assert.Equal(t, "simB_0_eth", b.t.devs[0].netdev)
-}
-
-func TestOOBInterfaceSelection(t *testing.T) {
-	saved := listInterfaces
-	defer func() { listInterfaces = saved }()
-	a := func(s string) netip.Addr { return netip.MustParseAddr(s) }
-	listInterfaces = func() ([]iface, error) {
-		return []iface{
-			{name: "lo", addrs: []netip.Addr{a("127.0.0.1"), a("::1")}},
-			{name: "docker0", addrs: []netip.Addr{a("172.17.0.1")}},
-			{name: "eth0", addrs: []netip.Addr{a("fe80::1"), a("2001:db8::2"), a("10.0.0.2")}},
-			{name: "ib0", addrs: []netip.Addr{a("192.168.1.2")}},
-		}, nil
-	}
-	pick := func() (string, string) {
-		n, ad, err := findOOBInterface(&captureLog{})
-		if err != nil {
-			return "", err.Error()
-		}
-		return n, ad.String()
-	}
-	setEnv(t, "NCCL_SOCKET_IFNAME", "")
-	n, ad := pick()
-	assert.Equal(t, []string{"ib0", "192.168.1.2"}, []string{n, ad}, "ib* first")
-	setEnv(t, "NCCL_SOCKET_IFNAME", "^ib,lo")
-	n, ad = pick()
-	assert.Equal(t, []string{"docker0", "172.17.0.1"}, []string{n, ad}, "exclusion list")
-	setEnv(t, "NCCL_SOCKET_IFNAME", "eth")
-	n, ad = pick()
-	assert.Equal(t, []string{"eth0", "2001:db8::2"}, []string{n, ad}, "link-local skipped")
-	setEnv(t, "NCCL_SOCKET_IFNAME", "eth", "NCCL_SOCKET_FAMILY", "AF_INET")
-	_, ad = pick()
-	assert.Equal(t, "10.0.0.2", ad)
-	setEnv(t, "NCCL_SOCKET_IFNAME", "=eth")
-	_, ad = pick()
-	assert.Contains(t, ad, "NCCL_SOCKET_IFNAME==eth")
-	setEnv(t, "NCCL_SOCKET_IFNAME", "e") // one character: ignored, like NCCL
-	n, _ = pick()
-	assert.Equal(t, "ib0", n)
 }

@@ -1,76 +1,38 @@
 package ib
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// hcaFilter is a parsed NCCL_IB_HCA: "mlx5_0:1,mlx5_1" selects by name prefix
-// and optional port; a leading '^' excludes instead; '=' after it (or at the
-// start) makes names exact. Rail and plane fields (":<rail>:<plane>", NCCL
-// 2.30) are accepted and ignored.
+var hcaEnv = ncclenv.NewGroup("ib", "NET/GoIB")
+
+var hcaList = hcaEnv.List("NCCL_IB_HCA", ncclenv.MaxIBDevs,
+	"HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
+
+// hcaFilter is a parsed NCCL_IB_HCA, read as NCCL reads it (ncclenv.List):
+// "mlx5_0:1,mlx5_1" selects by name prefix and optional port; a leading '^'
+// excludes instead; '=' after it (or at the start) makes names exact. Rail
+// and plane fields (NCCL 2.30) are parsed; a port that is not a number is
+// read as 0, which matches no port, with a WARN.
 type hcaFilter struct {
-	exclude bool
-	exact   bool
-	specs   []hcaSpec
+	list ncclenv.List
 }
 
-type hcaSpec struct {
-	name string
-	port int // -1: any port
-}
-
-const maxHCAs = 32
-
-func parseHCAFilter(s string) (hcaFilter, error) {
-	var f hcaFilter
-	s = strings.TrimSpace(s)
-	if strings.HasPrefix(s, "^") {
-		f.exclude = true
-		s = s[1:]
+// readHCAFilter reads NCCL_IB_HCA, WARNing what NCCL would read differently
+// from what was probably meant. spec is the value, "" when unset.
+func readHCAFilter(log nccl.Logger) (f hcaFilter, spec string) {
+	l, set := hcaList.Get(log)
+	if set {
+		spec, _ = ncclenv.Value(hcaList.Name())
 	}
-	if strings.HasPrefix(s, "=") {
-		f.exact = true
-		s = s[1:]
-	}
-	if s == "" {
-		return f, nil
-	}
-	for _, item := range strings.Split(s, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		parts := strings.Split(item, ":")
-		spec := hcaSpec{name: parts[0], port: -1}
-		if len(parts) > 1 && parts[1] != "" {
-			p, err := strconv.Atoi(parts[1])
-			if err != nil || p < 1 {
-				return hcaFilter{}, fmt.Errorf("bad port %q in %q", parts[1], item)
-			}
-			spec.port = p
-		}
-		if len(f.specs) == maxHCAs {
-			return hcaFilter{}, fmt.Errorf("more than %d entries", maxHCAs)
-		}
-		f.specs = append(f.specs, spec)
-	}
-	return f, nil
+	return hcaFilter{list: l}, spec
 }
 
 // match reports whether port of device dev is selected (port < 0: any).
 func (f hcaFilter) match(dev string, port int) bool {
-	if len(f.specs) == 0 {
-		return true
+	if port < 0 {
+		port = -1
 	}
-	hit := false
-	for _, s := range f.specs {
-		nameOK := dev == s.name || !f.exact && strings.HasPrefix(dev, s.name)
-		if nameOK && (s.port < 0 || port < 0 || s.port == port) {
-			hit = true
-			break
-		}
-	}
-	return hit != f.exclude
+	return f.list.Match(dev, port)
 }

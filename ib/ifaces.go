@@ -2,104 +2,35 @@ package ib
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// iface is a candidate interface for the out-of-band handshake.
-type iface struct {
-	name  string
-	addrs []netip.Addr
-}
-
-// listInterfaces is replaced in tests.
-var listInterfaces = func() ([]iface, error) {
-	ifs, err := net.Interfaces()
-	if err != nil {
-		return nil, err
-	}
-	var out []iface
-	for _, it := range ifs {
-		if it.Flags&net.FlagUp == 0 || it.Flags&net.FlagRunning == 0 {
-			continue
-		}
-		addrs, err := it.Addrs()
-		if err != nil {
-			continue
-		}
-		c := iface{name: it.Name}
-		for _, a := range addrs {
-			if p, err := netip.ParsePrefix(a.String()); err == nil {
-				c.addrs = append(c.addrs, p.Addr())
-			}
-		}
-		out = append(out, c)
-	}
-	return out, nil
-}
+// hostInterfaces is where findOOBInterface lists interfaces; tests replace it.
+var hostInterfaces = testhook.New[ncclsock.Source](ncclsock.Host{})
 
 // findOOBInterface chooses the one interface the TCP handshake listens on,
-// with NCCL's rules: NCCL_SOCKET_IFNAME (longer than one character; prefixes,
-// '^' excludes, '=' exact) if set, otherwise the first of ib*, anything but
-// docker*/lo/virbr*, docker*, lo, virbr*. NCCL_SOCKET_FAMILY=AF_INET/AF_INET6
-// restricts the address family. IPv6 loopback and link-local addresses are
-// skipped (they need a zone the peer cannot know).
+// with NCCL's rules (internal/ncclsock, as the socket transport):
+// NCCL_SOCKET_IFNAME if set, else ib*, the NCCL_COMM_ID subnet, anything but
+// docker*/lo*/virbr*, docker*, lo*, virbr*; NCCL_SOCKET_FAMILY restricts the
+// family. IPv6 link-local addresses are skipped: the handle carries no zone,
+// so the peer could not dial them.
 func findOOBInterface(log nccl.Logger) (string, netip.Addr, error) {
-	ifs, err := listInterfaces()
+	ifs, err := hostInterfaces.Get().Interfaces()
 	if err != nil {
 		return "", netip.Addr{}, err
 	}
-	fam := 0
-	switch f := strings.ToUpper(nccl.EnvString("NCCL_SOCKET_FAMILY", "")); f {
-	case "":
-	case "AF_INET":
-		fam = 4
-	case "AF_INET6":
-		fam = 6
-	default:
-		log.Warnf("NET/GoIB : ignoring NCCL_SOCKET_FAMILY=%s: expected AF_INET or AF_INET6", f)
-	}
-	addrOf := func(it iface) (netip.Addr, bool) {
-		for _, a := range it.addrs {
-			if a.Is6() && (a.IsLoopback() || a.IsLinkLocalUnicast()) || fam == 4 && !a.Is4() || fam == 6 && !a.Is6() {
-				continue
-			}
-			return a, true
+	found, how := ncclsock.Find(ifs, ncclsock.Options{Max: 1, SkipLinkLocal: true, Log: log, Prefix: "NET/GoIB"})
+	if len(found) == 0 {
+		if v, ok := ncclenv.Lookup(ncclsock.IfName.Name()); ok && len(strings.TrimSpace(v)) > 1 {
+			return "", netip.Addr{}, fmt.Errorf("no up interface with a usable address matches %s", how)
 		}
-		return netip.Addr{}, false
+		return "", netip.Addr{}, fmt.Errorf("no up interface with an IP address; set NCCL_SOCKET_IFNAME")
 	}
-	pick := func(match func(string) bool) (string, netip.Addr, bool) {
-		for _, it := range ifs {
-			if !match(it.name) {
-				continue
-			}
-			if a, ok := addrOf(it); ok {
-				return it.name, a, true
-			}
-		}
-		return "", netip.Addr{}, false
-	}
-	if want := nccl.EnvString("NCCL_SOCKET_IFNAME", ""); len(want) > 1 {
-		f, err := parseHCAFilter(want)
-		if err != nil {
-			return "", netip.Addr{}, nccl.Errorf(nccl.InvalidArgument, "NCCL_SOCKET_IFNAME=%s: %v", want, err)
-		}
-		if n, a, ok := pick(func(s string) bool { return f.match(s, -1) }); ok {
-			return n, a, nil
-		}
-		return "", netip.Addr{}, fmt.Errorf("no up interface with an address matches NCCL_SOCKET_IFNAME=%s", want)
-	}
-	has := func(p string) func(string) bool { return func(s string) bool { return strings.HasPrefix(s, p) } }
-	other := func(s string) bool {
-		return !strings.HasPrefix(s, "docker") && s != "lo" && !strings.HasPrefix(s, "virbr")
-	}
-	for _, m := range []func(string) bool{has("ib"), other, has("docker"), func(s string) bool { return s == "lo" }, has("virbr")} {
-		if n, a, ok := pick(m); ok {
-			return n, a, nil
-		}
-	}
-	return "", netip.Addr{}, fmt.Errorf("no up interface with an IP address; set NCCL_SOCKET_IFNAME")
+	return found[0].Name, found[0].Addr, nil
 }

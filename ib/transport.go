@@ -151,11 +151,7 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 }
 
 func (t *Transport) discoverLocked() error {
-	filterSpec := nccl.EnvString("NCCL_IB_HCA", "")
-	filter, err := parseHCAFilter(filterSpec)
-	if err != nil {
-		return nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_HCA=%s: %v; expected e.g. mlx5_0:1,mlx5_1 or ^mlx5_2", filterSpec, err)
-	}
+	filter, filterSpec := readHCAFilter(t.log)
 	gcfg, err := readGIDConfig(t.log)
 	if err != nil {
 		return err
@@ -385,8 +381,6 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		MaxRecvs:     maxRecvs,
 		MaxP2PBytes:  nccl.MaxNetSizeBytes,
 		MaxCollBytes: nccl.MaxCollSize,
-		RailID:       nccl.IDUndef,
-		PlaneID:      nccl.IDUndef,
 	}
 	names := make([]string, len(devs))
 	t.mu.RLock()

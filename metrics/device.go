@@ -3,8 +3,8 @@ package metrics
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -248,7 +248,6 @@ func Devices() []*Device {
 	return append([]*Device(nil), devices.list...)
 }
 
-var epoch = time.Now()
-
-// Now is a cheap monotonic clock in nanoseconds, never 0.
-func Now() int64 { return int64(time.Since(epoch)) + 1 }
+// Now is the plugin's monotonic clock (internal/clock) in nanoseconds, never
+// 0: request start times passed to RequestDone come from it.
+func Now() int64 { return clock.Now() }

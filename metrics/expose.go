@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -17,11 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// Settings, read at Start through nccl's env helpers (NCCL applies nccl.conf
-// with setenv after the library is loaded).
+// Settings (declared in config.go), read at Start: NCCL applies nccl.conf with
+// setenv after the library is loaded.
 const (
 	envPort        = "NCCL_GO_METRICS_PORT"
 	envBind        = "NCCL_GO_METRICS_BIND"
@@ -40,10 +40,6 @@ const (
 	// shutdownWait bounds how long Stop waits for a scrape in progress.
 	shutdownWait = 2 * time.Second
 )
-
-// localRankVars are consulted in order when NCCL_GO_METRICS_LOCAL_RANK is
-// unset: torchrun/generic, Open MPI, Slurm, MPICH/Intel MPI.
-var localRankVars = []string{"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"}
 
 // exporter is one Start..Stop lifetime of the exposition.
 type exporter struct {
@@ -123,25 +119,25 @@ func LocalRank(log nccl.Logger) int {
 	if log == nil {
 		log = nccl.DiscardLogger{}
 	}
-	for _, name := range append([]string{envLocalRank}, localRankVars...) {
-		if r, set := envNonNegative(log, name, fmt.Sprintf("set %s to this process's rank on the node", envLocalRank)); set && r >= 0 {
+	for _, v := range settingLocalRank {
+		if r, set := envNonNegative(log, v.Name(), fmt.Sprintf("set %s to this process's rank on the node", envLocalRank)); set && r >= 0 {
 			return r
 		}
 	}
 	return 0
 }
 
-// envNonNegative reads name as an integer >= 0. set reports whether it has a
-// value at all; a value that is not such an integer gets a WARN (with hint) and
-// n = -1.
+// envNonNegative reads name as an integer >= 0 (NCCL's integer grammar).
+// set reports whether it has a value at all; a value that is not such an
+// integer gets a WARN (with hint) and n = -1.
 func envNonNegative(log nccl.Logger, name, hint string) (n int, set bool) {
-	v, ok := nccl.LookupEnv(name)
-	v = strings.TrimSpace(v)
-	if !ok || v == "" {
+	v, ok := ncclenv.Value(name)
+	if !ok {
 		return -1, false
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
+	n64, err := ncclenv.ParseInt(v)
+	n = int(n64)
+	if err != nil || n64 < 0 || n64 > 1<<31 {
 		log.Warnf("NET/Go : metrics: ignoring %s=%q: expected an integer >= 0; %s", name, v, hint)
 		return -1, true
 	}
@@ -151,8 +147,8 @@ func envNonNegative(log nccl.Logger, name, hint string) (n int, set bool) {
 func startExporter(log nccl.Logger, info Info) *exporter {
 	// Off by default: without either variable nothing listens and nothing is
 	// written; the registry still exists for Gatherer.
-	port, _ := envNonNegative(log, envPort, "no metrics endpoint")
-	dir := nccl.EnvString(envTextfileDir, "")
+	port, _ := envNonNegative(log, settingPort.Name(), "no metrics endpoint")
+	dir := settingTextfileDir.Get()
 	rankLog := log
 	if port < 0 && dir == "" {
 		rankLog = nccl.DiscardLogger{} // a launcher's odd LOCAL_RANK is no concern then
@@ -160,7 +156,7 @@ func startExporter(log nccl.Logger, info Info) *exporter {
 	rank := LocalRank(rankLog)
 	e := &exporter{log: log, reg: newRegistry(info, rank), localRank: rank}
 	if port >= 0 {
-		e.listen(int64(port), nccl.EnvString(envBind, defaultBind))
+		e.listen(int64(port), settingBind.Get())
 	}
 	if dir != "" {
 		e.startTextfile(dir)
@@ -212,11 +208,7 @@ func TextfileName(localRank, pid int) string {
 }
 
 func (e *exporter) startTextfile(dir string) {
-	e.interval = nccl.EnvDuration(e.log, envInterval, defaultInterval, time.Second)
-	if e.interval < minInterval {
-		e.log.Warnf("NET/Go : metrics: %s=%v is too short; using %v", envInterval, e.interval, minInterval)
-		e.interval = minInterval
-	}
+	e.interval = settingInterval.Get(e.log)
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 		if err == nil {
 			err = errors.New("not a directory")

@@ -1,7 +1,5 @@
-# The plugin glue and the default library.
-GO_SOURCES := $(shell find . -name '*.go' -not -path './build/*' -not -path './.rdma/*' 2>/dev/null) \
-              $(wildcard plugin/*.c plugin/*.h plugin/exports.map nccl/include/*.h) go.mod
-SO_V9V10 := $(BUILD)/libnccl-net-go-v9v10.so
+# The plugin glue and the default library: $(SO) and $(SO_V9V10) (paths in the
+# top Makefile), the Go unit tests of every package, and the ABI check.
 PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 
@@ -9,44 +7,52 @@ LIBDIR ?= $(PREFIX)/lib
 # rdma-core's <infiniband/verbs.h>; libibverbs itself is dlopen'ed at run time).
 BUILD_APT_PACKAGES := gcc libc6-dev libibverbs-dev make binutils
 .PHONY: deps-build
-deps-build:
+deps-build: ## install what building the library needs
 	@scripts/deps.sh $(BUILD_APT_PACKAGES)
 
-$(SO): $(GO_SOURCES) scripts/build-plugin.sh | deps-build
+$(SO): $(GO_SOURCES) | deps-build
 	scripts/build-plugin.sh --name Go --out $@ ./cmd/libnccl-net-go
 
 # A build exporting only ncclNetPlugin_v10 and _v9, so NCCL's adapters for older
 # plugin versions get exercised by real NCCL too.
-$(SO_V9V10): $(GO_SOURCES) scripts/build-plugin.sh | deps-build
+$(SO_V9V10): $(GO_SOURCES) | deps-build
 	scripts/build-plugin.sh --name Go --only-v9-v10 --out $@ ./cmd/libnccl-net-go
 
-.PHONY: install go-test go-vet abi-check
-install: $(SO)
+.PHONY: lib install go-test go-test-short abi-check
+lib: $(SO) ## build build/libnccl-net-go.so (the default target)
+
+install: $(SO) ## install libnccl-net-go.so and the libnccl-net.so link under $(LIBDIR)
 	install -d $(DESTDIR)$(LIBDIR)
 	install -m 0755 $(SO) $(DESTDIR)$(LIBDIR)/libnccl-net-go.so
 	ln -sf libnccl-net-go.so $(DESTDIR)$(LIBDIR)/libnccl-net.so
 	@echo "installed $(DESTDIR)$(LIBDIR)/libnccl-net-go.so (+ libnccl-net.so link)"
 
-go-vet:
-	$(GO) vet ./...
-
-go-test: go-vet
+# Every package's unit tests, once, under the race detector (go-vet is in lint.mk).
+go-test: go-vet ## unit tests of every package with -race (all of them; several minutes)
 	$(GO) test -race -count=1 ./...
+
+# What make check runs: -short (tests that move a GiB or wait on purpose skip
+# themselves, each saying so) and without the in-process nccltest suites
+# (TestConformance: a few minutes under -race); the C conformance harness in
+# make check covers that contract through the ABI, and go-test runs them all.
+go-test-short: go-vet ## unit tests of every package with -race -short, minus the in-process TestConformance suites
+	$(GO) test -race -short -count=1 -skip '^TestConformance$$' ./...
 
 # The library must export the plugin tables and nothing else, and be marked
 # NODELETE so NCCL's dlclose cannot unload the Go runtime.
-abi-check: $(SO) $(SO_V9V10)
+abi-check: $(SO) $(SO_V9V10) ## the libraries export exactly the plugin tables and are NODELETE
 	scripts/abi-check.sh $(SO) ncclNetPlugin_v8 ncclNetPlugin_v9 ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12
 	scripts/abi-check.sh $(SO_V9V10) ncclNetPlugin_v9 ncclNetPlugin_v10
 
 TEST_TARGETS += go-test abi-check
+CHECK_TARGETS += go-test-short
 APT_PACKAGES += $(BUILD_APT_PACKAGES)
 
 # The glue's cost per message (handle lookup, request table, metrics counting)
 # around a transport that does nothing, with metrics counting off and on in the
 # same run: the off run is the baseline the ratio is against.
 .PHONY: bench-plugin
-bench-plugin:
+bench-plugin: ## glue cost per isend+test, metrics off vs on
 	@mkdir -p $(BUILD)
 	$(GO) test -run '^$$' -bench 'IsendTest' -benchmem -count 5 ./plugin/ | tee $(BUILD)/bench-plugin.txt
 	@awk '/IsendTest\/metrics=false/ { if (!off || $$3 < off) off = $$3 } \

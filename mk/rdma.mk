@@ -8,7 +8,7 @@
 # only here, and under TCG the race detector costs little extra); RDMA_LANE_STRICT=1 makes
 # every skipped section a failure; RDMA_TIMEOUT bounds one guest run (seconds).
 RDMA_TESTS_DIR := $(BUILD)/rdma-tests
-RDMA_HARNESS_BIN ?= $(BUILD)/ncclnet-harness
+RDMA_HARNESS_BIN ?= $(HARNESS)
 RDMA_TIMEOUT ?= 900
 RDMA_GOTEST_FLAGS ?= -race
 RDMA_BENCH_TIMEOUT ?= 900
@@ -25,17 +25,17 @@ endif
 
 .PHONY: rdma-setup rdma-tests test-rdma bench-rdma
 
-rdma-setup:
+rdma-setup: ## fetch the kernel and build the Soft-RoCE guest image (.rdma/) only
 	@scripts/rdma/setup.sh
 
-rdma-tests:
+rdma-tests: ## build the real-verbs Go test binaries for the guest
 	@GO="$(GO)" RDMA_GOTEST_FLAGS="$(RDMA_GOTEST_FLAGS)" scripts/rdma/build-tests.sh $(RDMA_TESTS_DIR)
 
-test-rdma: rdma-setup rdma-tests $(RDMA_HARNESS_DEPS)
+test-rdma: rdma-setup rdma-tests $(RDMA_HARNESS_DEPS) ## the Soft-RoCE lane: real libibverbs over rxe0 in a qemu guest (slow)
 	@RDMA_LANE_IB=$$(GO="$(GO)" scripts/rdma/ib-state.sh) RDMA_LANE_HARNESS=$(RDMA_HARNESS_STATE) \
 	  RDMA_LANE_BUILD=$(BUILD) scripts/rdma/run.sh --no-setup --timeout $(RDMA_TIMEOUT) -- scripts/rdma/lane.sh test
 
-bench-rdma: rdma-setup $(RDMA_HARNESS_DEPS)
+bench-rdma: rdma-setup $(RDMA_HARNESS_DEPS) ## harness bandwidth next to ib_write_bw on the same rxe0
 	@RDMA_LANE_IB=$$(GO="$(GO)" scripts/rdma/ib-state.sh) RDMA_LANE_HARNESS=$(RDMA_HARNESS_STATE) \
 	  RDMA_LANE_BUILD=$(BUILD) scripts/rdma/run.sh --no-setup --bench --timeout $(RDMA_BENCH_TIMEOUT) -- scripts/rdma/lane.sh bench
 

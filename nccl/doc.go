@@ -8,6 +8,12 @@
 // these interfaces. The package is free of cgo so that fabric vendors can write
 // and unit-test a transport without a C toolchain.
 //
+// A transport reads its settings with an Env carrying its log prefix, logs
+// through the Logger of its InitContext, and reports rail and plane ids as
+// OptionalID values whose zero value is "undefined". docs/extending.md lists
+// the whole public surface; this repository's internal packages are not part
+// of it.
+//
 // A transport is registered from an init function:
 //
 //	func init() { nccl.Register("myfabric", 10, func() nccl.Transport { return New() }) }

@@ -1,101 +1,123 @@
 package nccl
 
 import (
-	"os"
-	"strconv"
-	"strings"
-	"sync/atomic"
+	"fmt"
 	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 )
 
-// NCCL applies nccl.conf and env plugins with setenv after our library is loaded,
-// and Go's os.Getenv only sees the environment copied at runtime start. So the
-// glue installs a lookup backed by C getenv, and every NCCL_* setting is read
-// through here at use time.
-var envLookup atomic.Pointer[func(string) (string, bool)]
+// NCCL applies nccl.conf and env plugins with setenv after the library is
+// loaded, and Go's os.Getenv only sees the environment copied at runtime
+// start. So the glue installs a lookup backed by C getenv, and every setting
+// is read through it, at set-up time.
 
 // SetEnvLookup replaces the function used to read settings (the glue installs C
 // getenv; tests may install a map). nil restores os.LookupEnv.
-func SetEnvLookup(f func(string) (string, bool)) {
-	if f == nil {
-		envLookup.Store(nil)
-		return
-	}
-	envLookup.Store(&f)
+func SetEnvLookup(f func(string) (string, bool)) { ncclenv.SetLookup(f) }
+
+// LookupEnv reads a setting through the installed lookup, untrimmed.
+func LookupEnv(name string) (string, bool) { return ncclenv.Lookup(name) }
+
+// Env reads one transport's settings with NCCL's grammar: integers as C's
+// strtoll reads them (decimal, 0x hex, 0-prefixed octal), switches as
+// integers (non-zero is on) or true/false, yes/no, on/off. Values are trimmed
+// and an empty value means unset. A malformed value is a WARN through Log,
+// prefixed with Prefix ("NET/MyFabric : ignoring NCCL_MYFABRIC_X=..."), and
+// the default is used. Read settings at set-up time (Init, Listen, Connect),
+// never on the data path, and never with os.Getenv.
+type Env struct {
+	Log    Logger // nil drops the WARNs
+	Prefix string // your transport's log prefix, e.g. "NET/MyFabric"
 }
 
-// LookupEnv reads a setting through the installed lookup.
-func LookupEnv(name string) (string, bool) {
-	if f := envLookup.Load(); f != nil {
-		return (*f)(name)
+// String returns the trimmed value of name, or def when unset or empty.
+func (e Env) String(name, def string) string {
+	if v, ok := ncclenv.Value(name); ok {
+		return v
 	}
-	return os.LookupEnv(name)
+	return def
 }
 
-// EnvString returns the trimmed value of name, or def when unset or empty.
-func EnvString(name, def string) string {
-	v, ok := LookupEnv(name)
-	v = strings.TrimSpace(v)
-	if !ok || v == "" {
-		return def
-	}
-	return v
+// Int returns name as an integer, or def.
+func (e Env) Int(name string, def int64) int64 {
+	return read(e, name, def, ncclenv.ParseInt, func(n int64) string { return fmt.Sprint(n) })
 }
 
-// EnvInt returns name parsed as an integer (decimal or 0x hex), or def when
-// unset. A malformed value logs a WARN naming the variable and uses def.
-func EnvInt(log Logger, name string, def int64) int64 {
-	v, ok := LookupEnv(name)
-	v = strings.TrimSpace(v)
-	if !ok || v == "" {
-		return def
-	}
-	n, err := strconv.ParseInt(v, 0, 64)
-	if err != nil {
-		if log != nil {
-			log.Warnf("NET/Go : ignoring %s=%q: not an integer; using the default %d", name, v, def)
-		}
+// IntIn returns name as an integer in [lo, hi], or def (with a WARN when the
+// value is outside).
+func (e Env) IntIn(name string, def, lo, hi int64) int64 {
+	n := e.Int(name, def)
+	if n < lo || n > hi {
+		e.warnf("ignoring %s=%d: must be in [%d, %d]; using the default %d", name, n, lo, hi, def)
 		return def
 	}
 	return n
 }
 
-// EnvBool returns name as a boolean (1/0, true/false, yes/no, on/off), or def.
-func EnvBool(log Logger, name string, def bool) bool {
-	v, ok := LookupEnv(name)
-	v = strings.ToLower(strings.TrimSpace(v))
-	if !ok || v == "" {
-		return def
-	}
-	switch v {
-	case "1", "true", "yes", "on", "y":
-		return true
-	case "0", "false", "no", "off", "n":
-		return false
-	}
-	if log != nil {
-		log.Warnf("NET/Go : ignoring %s=%q: expected 0 or 1; using the default %v", name, v, def)
-	}
-	return def
+// Bool returns name as a switch, or def.
+func (e Env) Bool(name string, def bool) bool {
+	return read(e, name, def, ncclenv.ParseBool, func(b bool) string { return fmt.Sprint(b) })
 }
 
-// EnvDuration returns name as a duration. A bare number is taken in the given
-// unit (NCCL's variables are plain numbers); Go syntax such as "1.5s" also works.
-func EnvDuration(log Logger, name string, def, unit time.Duration) time.Duration {
-	v, ok := LookupEnv(name)
-	v = strings.TrimSpace(v)
-	if !ok || v == "" {
+// Duration returns name as a duration: a bare number in unit (fractions
+// allowed), or Go syntax such as "1.5s".
+func (e Env) Duration(name string, def, unit time.Duration) time.Duration {
+	parse := func(s string) (time.Duration, error) { return ncclenv.ParseDuration(s, unit) }
+	return read(e, name, def, parse, time.Duration.String)
+}
+
+// read is what every typed reader does: unset means def, malformed is a WARN
+// and def.
+func read[T any](e Env, name string, def T, parse func(string) (T, error), show func(T) string) T {
+	v, ok := ncclenv.Value(name)
+	if !ok {
 		return def
 	}
-	if n, err := strconv.ParseFloat(v, 64); err == nil {
-		return time.Duration(n * float64(unit))
-	}
-	d, err := time.ParseDuration(v)
+	x, err := parse(v)
 	if err != nil {
-		if log != nil {
-			log.Warnf("NET/Go : ignoring %s=%q: not a number or duration; using the default %v", name, v, def)
-		}
+		e.warnf("ignoring %s=%s: %v; using the default %s", name, v, err, show(def))
 		return def
 	}
-	return d
+	return x
+}
+
+func (e Env) warnf(format string, args ...any) {
+	if e.Log == nil {
+		return
+	}
+	if e.Prefix != "" {
+		format = e.Prefix + " : " + format
+	}
+	e.Log.Warnf(format, args...)
+}
+
+// legacyPrefix is what the package-level helpers below WARN with.
+const legacyPrefix = "NET/Go"
+
+// EnvString returns the trimmed value of name, or def when unset or empty.
+//
+// Deprecated: use Env{Log, Prefix}.String, whose WARNs carry your prefix.
+func EnvString(name, def string) string { return Env{}.String(name, def) }
+
+// EnvInt returns name parsed as an integer, or def.
+//
+// Deprecated: use Env{Log, Prefix}.Int; these helpers WARN as "NET/Go".
+func EnvInt(log Logger, name string, def int64) int64 {
+	return Env{Log: log, Prefix: legacyPrefix}.Int(name, def)
+}
+
+// EnvBool returns name as a switch, or def.
+//
+// Deprecated: use Env{Log, Prefix}.Bool; these helpers WARN as "NET/Go".
+func EnvBool(log Logger, name string, def bool) bool {
+	return Env{Log: log, Prefix: legacyPrefix}.Bool(name, def)
+}
+
+// EnvDuration returns name as a duration (a bare number in unit, or Go
+// syntax), or def.
+//
+// Deprecated: use Env{Log, Prefix}.Duration; these helpers WARN as "NET/Go".
+func EnvDuration(log Logger, name string, def, unit time.Duration) time.Duration {
+	return Env{Log: log, Prefix: legacyPrefix}.Duration(name, def, unit)
 }

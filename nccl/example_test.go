@@ -31,11 +31,13 @@ func ExampleRegister() {
 	// panic: nccl: transport "examplefabric" registered twice
 }
 
-// Settings are read through the installed lookup at the moment they are used
+// A transport reads its settings through an Env carrying its log prefix, at
+// set-up time (Init, Listen, Connect). Values come from the installed lookup
 // (the glue installs C getenv, because NCCL applies nccl.conf with setenv after
-// the library is loaded). A malformed value is a WARN naming the variable, and
+// the library is loaded). Integers are read as NCCL reads them (decimal, 0x
+// hex, 0-prefixed octal); a malformed value is a WARN naming the variable, and
 // the default is used.
-func ExampleEnvInt() {
+func ExampleEnv() {
 	env := map[string]string{
 		"NCCL_MYFABRIC_QPS":     "0x10",
 		"NCCL_MYFABRIC_RETRY":   "ten",
@@ -43,23 +45,27 @@ func ExampleEnvInt() {
 		"NCCL_MYFABRIC_TIMEOUT": "1.5",
 		"NCCL_MYFABRIC_LINGER":  "250ms",
 		"NCCL_MYFABRIC_IFACE":   "  ib0 ",
+		"NCCL_MYFABRIC_DEPTH":   "4096",
 	}
 	nccl.SetEnvLookup(func(name string) (string, bool) { v, ok := env[name]; return v, ok })
 	defer nccl.SetEnvLookup(nil) // back to the process environment
 
-	log := &nccl.WriterLogger{W: os.Stdout, Prefix: "NET/MyFabric"}
-	fmt.Println(nccl.EnvInt(log, "NCCL_MYFABRIC_QPS", 4))
-	fmt.Println(nccl.EnvInt(log, "NCCL_MYFABRIC_RETRY", 7))
-	fmt.Println(nccl.EnvInt(log, "NCCL_MYFABRIC_UNSET", 7))
-	fmt.Println(nccl.EnvBool(log, "NCCL_MYFABRIC_ENABLE", false))
-	fmt.Println(nccl.EnvDuration(log, "NCCL_MYFABRIC_TIMEOUT", time.Second, time.Second))
-	fmt.Println(nccl.EnvDuration(log, "NCCL_MYFABRIC_LINGER", 0, time.Second))
-	fmt.Printf("%q\n", nccl.EnvString("NCCL_MYFABRIC_IFACE", "eth0"))
+	settings := nccl.Env{Log: &nccl.WriterLogger{W: os.Stdout}, Prefix: "NET/MyFabric"}
+	fmt.Println(settings.Int("NCCL_MYFABRIC_QPS", 4))
+	fmt.Println(settings.Int("NCCL_MYFABRIC_RETRY", 7))
+	fmt.Println(settings.Int("NCCL_MYFABRIC_UNSET", 7))
+	fmt.Println(settings.IntIn("NCCL_MYFABRIC_DEPTH", 128, 1, 1024))
+	fmt.Println(settings.Bool("NCCL_MYFABRIC_ENABLE", false))
+	fmt.Println(settings.Duration("NCCL_MYFABRIC_TIMEOUT", time.Second, time.Second))
+	fmt.Println(settings.Duration("NCCL_MYFABRIC_LINGER", 0, time.Second))
+	fmt.Printf("%q\n", settings.String("NCCL_MYFABRIC_IFACE", "eth0"))
 	// Output:
 	// 16
-	// WARN NET/MyFabric NET/Go : ignoring NCCL_MYFABRIC_RETRY="ten": not an integer; using the default 7
+	// WARN NET/MyFabric : ignoring NCCL_MYFABRIC_RETRY=ten: "ten" is not an integer (decimal, 0x hex or 0-prefixed octal); using the default 7
 	// 7
 	// 7
+	// WARN NET/MyFabric : ignoring NCCL_MYFABRIC_DEPTH=4096: must be in [1, 1024]; using the default 128
+	// 128
 	// true
 	// 1.5s
 	// 250ms
@@ -91,6 +97,21 @@ func ExampleErrorf() {
 func ExampleErrNoDevice() {
 	err := fmt.Errorf("%w: no port is ACTIVE (set NCCL_MYFABRIC_PORT)", nccl.ErrNoDevice)
 	fmt.Println(errors.Is(err, nccl.ErrNoDevice), nccl.ResultOf(err))
+	fmt.Println(err)
 	// Output:
 	// true ncclSystemError
+	// no usable device: no port is ACTIVE (set NCCL_MYFABRIC_PORT)
+}
+
+// Rail and plane ids are optional: the zero value is "undefined", which the
+// glue reports to NCCL as -1, so a transport without rails sets nothing.
+func ExampleOptionalID() {
+	var p nccl.Properties
+	fmt.Println(p.RailID, p.PlaneID)
+	p.RailID, p.PlaneID = nccl.KnownID(0), nccl.KnownID(1)
+	rail, ok := p.RailID.Get()
+	fmt.Println(rail, ok, p.PlaneID)
+	// Output:
+	// undefined undefined
+	// 0 true 1
 }

@@ -31,7 +31,7 @@ type Logger interface {
 	Tracef(sub Subsys, format string, args ...any)
 }
 
-// WriterLogger is a Logger for tests and tools that prints "NET/<prefix> ..."
+// WriterLogger is a Logger for tests and tools that prints "LEVEL [Prefix] msg"
 // lines to W. Trace lines are dropped unless Trace is set.
 type WriterLogger struct {
 	mu     sync.Mutex
@@ -48,6 +48,10 @@ func NewStderrLogger(prefix string) *WriterLogger {
 func (l *WriterLogger) printf(level, format string, args ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.Prefix == "" {
+		fmt.Fprintf(l.W, "%s %s\n", level, fmt.Sprintf(format, args...))
+		return
+	}
 	fmt.Fprintf(l.W, "%s %s %s\n", level, l.Prefix, fmt.Sprintf(format, args...))
 }
 

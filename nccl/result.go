@@ -68,10 +68,30 @@ func ResultOf(err error) Result {
 	if errors.As(err, &e) {
 		return e.Code
 	}
+	var s sentinel
+	if errors.As(err, &s) {
+		return s.code()
+	}
 	return InternalError
 }
 
-// ErrNoDevice is returned by Transport.Init when the transport has nothing usable
-// on this host (no RDMA port, no interface matching NCCL_SOCKET_IFNAME, ...). The
-// glue then falls back to the next registered transport.
-var ErrNoDevice = &Error{Code: SystemError, Msg: "no usable device"}
+// sentinel is the type of the package's error constants: a constant cannot be
+// reassigned by another package, as an exported error variable could be.
+type sentinel string
+
+func (s sentinel) Error() string { return string(s) }
+
+func (s sentinel) code() Result {
+	switch s {
+	case ErrNoDevice:
+		return SystemError
+	}
+	return InternalError
+}
+
+// ErrNoDevice is returned by Transport.Init, usually wrapped with the reason
+// (fmt.Errorf("%w: no port is ACTIVE", nccl.ErrNoDevice)), when the transport
+// has nothing usable on this host (no RDMA port, no interface matching
+// NCCL_SOCKET_IFNAME, ...). The glue then falls back to the next registered
+// transport with an INFO line. It maps to ncclSystemError.
+const ErrNoDevice sentinel = "no usable device"

@@ -2,8 +2,11 @@ package nccl
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 )
@@ -52,4 +55,54 @@ func TestRegistryOrderAndDuplicates(t *testing.T) {
 	assert.False(t, Unregister("zz-late"), "already gone")
 	_, ok = Lookup("zz-late")
 	assert.False(t, ok)
+}
+
+// ErrNoDevice is a constant: this only compiles while it is one, so no package
+// can reassign the sentinel every transport's Init wraps.
+const _ = ErrNoDevice
+
+func TestErrNoDeviceIsAnImmutableSentinel(t *testing.T) {
+	wrapped := fmt.Errorf("%w: no RDMA port", ErrNoDevice)
+	assert.True(t, errors.Is(wrapped, ErrNoDevice))
+	assert.Equal(t, SystemError, ResultOf(wrapped))
+	assert.False(t, errors.Is(errors.New("no usable device"), ErrNoDevice), "equal text is not the sentinel")
+	assert.Equal(t, InternalError, ResultOf(sentinel("some other constant")))
+}
+
+func TestOptionalIDZeroValueIsUndefined(t *testing.T) {
+	var p Properties
+	_, ok := p.RailID.Get()
+	assert.False(t, ok, "a transport that sets nothing reports no rail")
+	id, ok := KnownID(0).Get()
+	assert.True(t, ok)
+	assert.Equal(t, 0, id, "0 is a valid rail")
+	_, ok = KnownID(-1).Get()
+	assert.False(t, ok)
+	_, ok = KnownID(1 << 15).Get()
+	assert.False(t, ok)
+	assert.Equal(t, "7", KnownID(7).String())
+}
+
+func TestEnvUsesTheTransportPrefix(t *testing.T) {
+	env := map[string]string{"X": "bogus", "B": "2"}
+	SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	defer SetEnvLookup(nil)
+	var out strings.Builder
+	e := Env{Log: &WriterLogger{W: &out}, Prefix: "NET/MyFabric"}
+	assert.EqualValues(t, 3, e.Int("X", 3))
+	assert.True(t, e.Bool("B", false), "NCCL treats any non-zero integer as on")
+	assert.Equal(t, 2*time.Second, e.Duration("X", 2*time.Second, time.Second))
+	assert.False(t, Env{}.Bool("X", false), "no logger: the default, quietly")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	assert.Len(t, lines, 2)
+	for _, l := range lines {
+		assert.True(t, strings.HasPrefix(l, "WARN NET/MyFabric : ignoring X=bogus"), l)
+		assert.NotContains(t, l, "NET/Go ")
+	}
+}
+
+func TestInitContextLoggerIsNeverNil(t *testing.T) {
+	assert.Equal(t, DiscardLogger{}, InitContext{}.Logger())
+	w := &WriterLogger{W: io.Discard}
+	assert.Same(t, w, InitContext{Log: w}.Logger())
 }

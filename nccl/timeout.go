@@ -3,27 +3,35 @@ package nccl
 import (
 	"net"
 	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 )
 
 // NCCL_GO_TIMEOUT is plugin-wide: every transport that can lose its peer
 // silently bounds how long that goes unnoticed by it, so users set one value.
+// It lives in internal/timeout now; these names forward to it until the
+// transports in this repository have switched.
 const (
-	EnvTimeout     = "NCCL_GO_TIMEOUT"
-	DefaultTimeout = 300 * time.Second
+	// Deprecated: internal/timeout.Peer declares it.
+	EnvTimeout = "NCCL_GO_TIMEOUT"
+	// Deprecated: use internal/timeout.Default.
+	DefaultTimeout = timeout.Default
 )
 
 // PeerTimeout reads NCCL_GO_TIMEOUT (seconds, or a Go duration); 0 or less
 // disables the transports' dead-peer checks.
+//
+// Deprecated: not part of the transport contract; use internal/timeout.Read.
 func PeerTimeout(log Logger) time.Duration {
-	return EnvDuration(log, EnvTimeout, DefaultTimeout, time.Second)
+	if log == nil {
+		return timeout.Read(nil, legacyPrefix)
+	}
+	return timeout.Read(log, legacyPrefix)
 }
 
 // KeepAlive is the TCP keepalive that notices a vanished peer host within
-// about timeout: first probe after timeout/2, then 5 probes timeout/10
-// apart (each at least a second). Not enabled for timeout <= 0.
-func KeepAlive(timeout time.Duration) net.KeepAliveConfig {
-	if timeout <= 0 {
-		return net.KeepAliveConfig{Enable: false}
-	}
-	return net.KeepAliveConfig{Enable: true, Idle: max(timeout/2, time.Second), Interval: max(timeout/10, time.Second), Count: 5}
-}
+// about d.
+//
+// Deprecated: a TCP helper, not part of the transport contract; use
+// internal/timeout.KeepAlive.
+func KeepAlive(d time.Duration) net.KeepAliveConfig { return timeout.KeepAlive(d) }

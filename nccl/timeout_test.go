@@ -5,23 +5,15 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 )
 
-func TestPeerTimeoutAndKeepAlive(t *testing.T) {
-	env := map[string]string{}
-	SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+// The deprecated names forward to internal/timeout, which tests the values.
+func TestDeprecatedTimeoutHelpersForward(t *testing.T) {
+	SetEnvLookup(func(k string) (string, bool) { return "20", k == EnvTimeout })
 	t.Cleanup(func() { SetEnvLookup(nil) })
-	assert.Equal(t, DefaultTimeout, PeerTimeout(DiscardLogger{}))
-	env[EnvTimeout] = "20"
-	assert.Equal(t, 20*time.Second, PeerTimeout(DiscardLogger{}))
-
-	k := KeepAlive(20 * time.Second)
-	assert.True(t, k.Enable)
-	assert.Equal(t, 10*time.Second, k.Idle)
-	assert.Equal(t, 2*time.Second, k.Interval)
-	assert.Equal(t, 5, k.Count)
-	short := KeepAlive(500 * time.Millisecond)
-	assert.Equal(t, time.Second, short.Idle, "probes are at least a second apart")
-	assert.Equal(t, time.Second, short.Interval)
-	assert.False(t, KeepAlive(0).Enable, "0 disables the dead-peer checks")
+	assert.Equal(t, 20*time.Second, PeerTimeout(nil))
+	assert.Equal(t, timeout.KeepAlive(20*time.Second), KeepAlive(20*time.Second))
+	assert.Equal(t, timeout.Default, DefaultTimeout)
 }

@@ -1,6 +1,10 @@
 package nccl
 
-import "unsafe"
+import (
+	"strconv"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
+)
 
 // Limits and constants of the NCCL net API.
 const (
@@ -10,11 +14,16 @@ const (
 	MaxNetSizeBytes = 1 << 40 // upper bound for MaxP2PBytes / MaxCollBytes
 	MaxCollSize     = 512 << 20
 
-	MaxDevsPerNIC    = 4 // vNIC members for API v9..v11
-	MaxDevsPerNICV12 = 8
+	TrafficClassUndef = -1 // ConnectOptions.TrafficClass when NCCL gave none
+)
 
-	TrafficClassUndef = -1
-	IDUndef           = -1
+// ABI details that do not belong to the version-free contract; they forward
+// to internal/abi until every caller has switched.
+const (
+	// Deprecated: an ABI v9-v11 limit the glue enforces; see internal/abi.
+	MaxDevsPerNIC = abi.MaxDevsPerNIC
+	// Deprecated: an ABI v12 limit the glue enforces; see internal/abi.
+	MaxDevsPerNICV12 = abi.MaxDevsPerNICV12
 )
 
 // PtrType is a bit set of NCCL_PTR_* values: the memory kinds a device can
@@ -32,27 +41,54 @@ const (
 // copy, because NCCL passes the same buffer on every connect retry.
 type Handle [HandleSize]byte
 
+// OptionalID is a rail or plane number that may be unknown. The zero value is
+// unknown, so a transport that has none leaves the field alone and the glue
+// reports NCCL's "undefined" (-1); KnownID(n) sets one.
+type OptionalID struct {
+	id  int16
+	set bool
+}
+
+// KnownID returns the identifier n (0 to 32767; other values are unknown).
+func KnownID(n int) OptionalID {
+	if n < 0 || n > 1<<15-1 {
+		return OptionalID{}
+	}
+	return OptionalID{id: int16(n), set: true}
+}
+
+// Get returns the identifier and whether it is known.
+func (o OptionalID) Get() (int, bool) { return int(o.id), o.set }
+
+func (o OptionalID) String() string {
+	if !o.set {
+		return "undefined"
+	}
+	return strconv.Itoa(int(o.id))
+}
+
 // Properties describes one device as NCCL's getProperties reports it. The glue
 // converts it to the ncclNetProperties_vN_t of the API version in use, so a
-// transport fills every field once, whatever the version.
+// transport fills every field once, whatever the version. A field left zero
+// gets NCCL's default from the glue, as each comment says.
 type Properties struct {
 	Name                string  // interface or HCA name; also NCCL's topology key
 	PCIPath             string  // realpath of the sysfs PCI device; "" for a virtual NIC
 	GUID                uint64  // equal GUIDs mean the same physical port
-	PtrSupport          PtrType // NCCL_PTR_* bits
+	PtrSupport          PtrType // NCCL_PTR_* bits; 0 means PtrHost
 	RegIsGlobal         bool    // registrations are not tied to a comm (MR cache)
 	ForceFlush          bool    // NCCL must iflush every GPU-direct receive
 	Speed               int     // Mbps
 	Port                int
 	Latency             float32 // microseconds; 0 lets NCCL use its defaults
 	MaxComms            int
-	MaxRecvs            int   // largest n in a grouped receive
-	VDevs               []int // physical devices fused into this one; nil means {dev}
-	MaxP2PBytes         int64 // in (0, 2^40]; 0 means MaxNetSizeBytes
-	MaxCollBytes        int64 // 0 means MaxCollSize
-	MaxMultiRequestSize int   // v11+; 0 means 1
-	RailID              int16 // v12; IDUndef when unknown
-	PlaneID             int16 // v12; IDUndef when unknown
+	MaxRecvs            int        // largest n in a grouped receive; 0 means 1
+	VDevs               []int      // physical devices fused into this one; nil means {dev}
+	MaxP2PBytes         int64      // in (0, 2^40]; 0 means MaxNetSizeBytes
+	MaxCollBytes        int64      // 0 means MaxCollSize
+	MaxMultiRequestSize int        // v11+; 0 means 1
+	RailID              OptionalID // v12; zero value: undefined
+	PlaneID             OptionalID // v12; zero value: undefined
 }
 
 // ConnectOptions carries the per-communicator settings NCCL gives connect
@@ -76,12 +112,3 @@ const (
 	NoRequest    Request = -1
 	MaxRequestID Request = 1023
 )
-
-// RecvBuffer is one buffer of a (possibly grouped) receive. For Iflush, Size is
-// the number of bytes actually received into the buffer.
-type RecvBuffer struct {
-	Data unsafe.Pointer // host memory, or device memory for PtrCUDA registrations
-	Size int
-	Tag  int
-	MH   MemHandle
-}

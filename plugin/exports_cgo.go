@@ -10,6 +10,7 @@ import (
 	"sync"
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -191,7 +192,7 @@ func goNetGetProperties(version C.int, dev C.int, props unsafe.Pointer) (res C.n
 		q.vProps.ndevs = C.int(fillDevs(q.vProps.devs[:], p.VDevs))
 		q.maxP2pBytes, q.maxCollBytes = C.size_t(p.MaxP2PBytes), C.size_t(p.MaxCollBytes)
 		q.maxMultiRequestSize = C.int(p.MaxMultiRequestSize)
-		q.railId, q.planeId = C.int16_t(p.RailID), C.int16_t(p.PlaneID)
+		q.railId, q.planeId = C.int16_t(abi.ID(p.RailID.Get())), C.int16_t(abi.ID(p.PlaneID.Get()))
 	default:
 		r = fail("getProperties", nccl.Errorf(nccl.InternalError, "unknown API version %d", int(version)))
 		return

@@ -21,7 +21,7 @@ func (f fakeIfaces) Interfaces() ([]Iface, error) { return f, nil }
 // tests do not depend on the host's network set-up.
 func newLoopback() *Transport {
 	return &Transport{
-		ifaces:  fakeIfaces{{Name: "lo", Index: 1, Up: true, Running: true, Addrs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}},
+		ifaces:  fakeIfaces{{Name: "lo", Index: 1, Up: true, Running: true, Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}}},
 		sysRoot: "testdata/sys-none",
 	}
 }

@@ -75,8 +75,6 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 			MaxRecvs:     maxRecvs,
 			MaxP2PBytes:  nccl.MaxNetSizeBytes,
 			MaxCollBytes: nccl.MaxCollSize,
-			RailID:       nccl.IDUndef,
-			PlaneID:      nccl.IDUndef,
 		}
 		names[i] = fmt.Sprintf("[%d]%s", i, d)
 	}

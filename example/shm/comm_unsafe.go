@@ -5,6 +5,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/reqpool"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -32,7 +33,7 @@ func (e *endpoint) PeerAddr() string { return e.peer }
 // works as is and there is nothing to pin; the handle only has to be non-zero.
 func (e *endpoint) RegMr(_ unsafe.Pointer, _ int, ptrType nccl.PtrType) (nccl.MemHandle, error) {
 	if ptrType != nccl.PtrHost {
-		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/Shm : cannot register memory of type %d; shm copies with the CPU and supports host memory only (set NCCL_NET_GDR_LEVEL=LOC)", ptrType)
+		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/GoShm : cannot register memory of type %d; shm copies with the CPU and supports host memory only (set NCCL_NET_GDR_LEVEL=LOC)", ptrType)
 	}
 	return 1, nil
 }
@@ -47,24 +48,17 @@ func (e *endpoint) Close() error {
 		return nil
 	}
 	e.r.h.u32(e.r.h.side(e.side, sideClose)).Store(1)
-	stopBeating(e.r)
-	e.w.close()
-	e.r.unmap()
+	e.r.release() // after the flag: the peer must see "closed", not "died"
 	e.r = nil
 	return nil
 }
 
 func (e *endpoint) closedErr() error {
-	return nccl.Errorf(nccl.InternalError, "NET/Shm : comm used after close")
+	return nccl.Errorf(nccl.InternalError, "NET/GoShm : comm used after close")
 }
 
 func newSendComm(r *region, w peerWatch, log nccl.Logger) *sendComm {
-	s := &sendComm{endpoint: newEndpoint(r, log, sideSend, w)}
-	for i := range s.free {
-		s.free[i] = int16(descCap - 1 - i)
-	}
-	s.nfree = descCap
-	return s
+	return &sendComm{endpoint: newEndpoint(r, log, sideSend, w), reqs: reqpool.New[sendReq](descCap)}
 }
 
 func newRecvComm(r *region, log nccl.Logger, timeout time.Duration) *recvComm {

@@ -5,9 +5,17 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -28,23 +36,23 @@ func proof(secret []byte, label string, nonce []byte, pid uint64) []byte {
 // waits for anyone.
 func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) {
 	if dev != 0 {
-		return nil, nccl.Errorf(nccl.InvalidArgument, "NET/Shm : listen on device %d; shm has one device, 0", dev)
+		return nil, nccl.Errorf(nccl.InvalidArgument, "%s : listen on device %d; shm has one device, 0", logPrefix, dev)
 	}
 	log := t.logger()
 	t.mu.Lock()
 	boot, ready := t.boot, t.ready
 	t.mu.Unlock()
 	if !ready {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/Shm : listen before init")
+		return nil, nccl.Errorf(nccl.InternalError, "%s : listen before init", logPrefix)
 	}
 	var rnd [8 + secretLen + 32]byte
 	if _, err := rand.Read(rnd[:]); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : no randomness for the connection secret: %v", err)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : no randomness for the connection secret: %v", logPrefix, err)
 	}
-	dir := nccl.EnvString(envDir, defaultDir)
-	path := fmt.Sprintf("%s/ncclgo-shm-%d-%x", dir, os.Getpid(), rnd[:8])
+	dir := settingDir.Get()
+	path := filepath.Join(dir, fmt.Sprintf("%s%d-%x", connFilePrefix, os.Getpid(), rnd[:8]))
 	if len(path) > maxPathLen {
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/Shm : %s=%s is too long: connection paths must fit in %d bytes of the NCCL handle; use a shorter directory", envDir, dir, maxPathLen)
+		return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s=%s is too long: connection paths must fit in %d bytes of the NCCL handle; use a shorter directory", logPrefix, envDir, dir, maxPathLen)
 	}
 	r, err := createRegion(path, ringSizeSetting(log))
 	if err != nil {
@@ -55,14 +63,12 @@ func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) 
 	h.u32(offMaxRecvs).Store(maxRecvs)
 	h.u64(offRingSize).Store(r.ringSize)
 	copy(h.bytes(offNonce, 32), rnd[8+secretLen:])
-	h.u64(h.side(sideRecv, sidePid)).Store(uint64(os.Getpid()))
-	h.u64(h.side(sideRecv, sidePidNS)).Store(pidNS())
+	writeSide(h, sideRecv)
 	h.u32(offState).Store(stListening)
 	h.u64(offMagic).Store(fileMagic) // last: a connector trusts nothing before it
-	startBeating(r, sideRecv)
 	secret := append([]byte(nil), rnd[8:8+secretLen]...)
 	encodeHandle(handle, boot, secret, path)
-	return &listener{t: t, log: log, r: r, secret: secret}, nil
+	return &listener{t: t, log: log, r: r, secret: secret, timeout: peerTimeout(log)}, nil
 }
 
 type listener struct {
@@ -70,28 +76,52 @@ type listener struct {
 	log      nccl.Logger
 	r        *region
 	secret   []byte
+	timeout  time.Duration // NCCL_GO_TIMEOUT at listen
+	claimAt  int64         // clock time a connector's claim was first seen; 0: none yet
 	accepted bool
 	warned   bool
 }
 
-// Accept implements nccl.Listener: one look at the state word.
+// Accept implements nccl.Listener: one look at the state word. Waiting for a
+// connector to show up is NCCL's business (as for every transport); once one
+// claimed the file, the handshake is bounded: a connector that dies is an
+// error at once, one that does not finish within NCCL_GO_TIMEOUT an error then.
 func (l *listener) Accept() (nccl.RecvComm, error) {
 	if l.accepted {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/Shm : accept called again after a connection was accepted (one connection per listen)")
+		return nil, nccl.Errorf(nccl.InternalError, "%s : accept called again after a connection was accepted (one connection per listen)", logPrefix)
 	}
 	if l.r == nil {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/Shm : accept on a closed listener")
+		return nil, nccl.Errorf(nccl.InternalError, "%s : accept on a closed listener", logPrefix)
 	}
 	h := l.r.h
-	if h.u32(offState).Load() != stProved {
+	st := h.u32(offState).Load()
+	switch st {
+	case stListening, stRejected: // nobody yet, or a wrong proof the connector will withdraw
+		l.claimAt = 0
 		return nil, nil
+	case stClaimed, stProved:
+	default:
+		return nil, nccl.Errorf(nccl.InternalError, "%s : %s is in unexpected state %d during accept", logPrefix, l.r.path, st)
 	}
 	pid := h.u64(h.side(sideSend, sidePid)).Load()
+	if l.claimAt == 0 {
+		l.claimAt = clock.Now()
+	}
+	w := newPeerWatch(l.r, sideSend, l.timeout)
+	if err := w.check(); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "%s : the connecting process %d died during the handshake on %s: %v", logPrefix, pid, l.r.path, err)
+	}
+	if st == stClaimed {
+		if bound := timeout.Bound(l.timeout); clock.Since(l.claimAt) > bound {
+			return nil, nccl.Errorf(nccl.SystemError, "%s : process %d claimed %s but did not finish the handshake within %v (NCCL_GO_TIMEOUT); it is alive but stuck", logPrefix, pid, l.r.path, bound)
+		}
+		return nil, nil
+	}
 	nonce := h.bytes(offNonce, 32)
 	if !hmac.Equal(proof(l.secret, "connect", nonce, pid), h.bytes(offConnProof, 32)) {
 		if !l.warned {
 			l.warned = true
-			l.log.Warnf("NET/Shm : process %d tried to connect to %s with a wrong secret (a stale or corrupted handle); still waiting for the right peer", pid, l.r.path)
+			l.log.Warnf("%s : process %d tried to connect to %s with a wrong secret (a stale or corrupted handle); still waiting for the right peer", logPrefix, pid, l.r.path)
 		}
 		h.u32(offState).Store(stRejected)
 		return nil, nil
@@ -99,7 +129,7 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 	copy(h.bytes(offAcceptProof, 32), proof(l.secret, "accept", nonce, pid))
 	h.u32(offState).Store(stAccepted)
 	l.r.unlink(l.log) // both ends have it mapped; nothing may outlive them
-	rc := newRecvComm(l.r, l.log, peerTimeout(l.log))
+	rc := newRecvComm(l.r, l.log, l.timeout)
 	l.r, l.accepted = nil, true
 	return rc, nil
 }
@@ -111,45 +141,48 @@ func (l *listener) Close() error {
 		return nil
 	}
 	l.r.h.u32(offState).Store(stListenerClosed)
-	stopBeating(l.r)
 	l.r.unlink(l.log)
-	l.r.unmap()
+	l.r.release()
 	l.r = nil
 	return nil
 }
 
 // pendingConnect is a connect NCCL is still polling.
 type pendingConnect struct {
-	r      *region
-	secret []byte
-	w      peerWatch
+	r        *region
+	secret   []byte
+	w        peerWatch // the listener
+	deadline int64     // clock time by which the listener must have accepted
+	timeout  time.Duration
 }
 
 func (pc *pendingConnect) release() {
 	if pc.r != nil {
-		pc.w.close()
-		stopBeating(pc.r)
-		pc.r.unmap()
+		pc.r.release()
 		pc.r = nil
 	}
 }
 
 // Connect implements nccl.Transport. The first call maps the file, claims it
-// and writes the proof; later calls (same handle buffer) look whether the
-// listener accepted. None of them waits.
+// and writes the proof; later calls (same handle buffer, which then holds the
+// attempt's slots.Ref) look whether the listener accepted. None of them
+// waits; a listener that dies fails the connect at once, one that does not
+// accept within NCCL_GO_TIMEOUT fails it then.
 func (t *Transport) Connect(dev int, handle *nccl.Handle, _ nccl.ConnectOptions) (nccl.SendComm, error) {
 	if dev != 0 {
-		return nil, nccl.Errorf(nccl.InvalidArgument, "NET/Shm : connect on device %d; shm has one device, 0", dev)
+		return nil, nccl.Errorf(nccl.InvalidArgument, "%s : connect on device %d; shm has one device, 0", logPrefix, dev)
 	}
 	if binary.LittleEndian.Uint64(handle[0:]) == pendingMagic {
 		id := binary.LittleEndian.Uint64(handle[8:])
-		t.mu.Lock()
-		pc := t.pending[id]
-		t.mu.Unlock()
-		if pc == nil {
-			return nil, nccl.Errorf(nccl.InternalError, "NET/Shm : connect retried with attempt %d, which failed or completed already", id)
+		ref, ok := slots.Unpack(id)
+		var pc *pendingConnect
+		if ok {
+			pc = t.pending.Get(ref)
 		}
-		return t.advance(id, pc, handle)
+		if pc == nil {
+			return nil, nccl.Errorf(nccl.InternalError, "%s : connect retried with attempt %#x, which failed or completed already", logPrefix, id)
+		}
+		return t.advance(ref, pc, handle)
 	}
 	boot, secret, path, err := decodeHandle(handle)
 	if err != nil {
@@ -159,49 +192,58 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, _ nccl.ConnectOptions)
 	myBoot, ready := t.boot, t.ready
 	t.mu.Unlock()
 	if !ready {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/Shm : connect before init")
+		return nil, nccl.Errorf(nccl.InternalError, "%s : connect before init", logPrefix)
 	}
 	if boot != ([16]byte{}) && myBoot != ([16]byte{}) && boot != myBoot {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : the listener of %s runs on another host; the shm transport only connects ranks of one host (use it for single-node jobs, or another NCCL_NET_PLUGIN)", path)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : the listener of %s runs on another host; the shm transport only connects ranks of one host (use it for single-node jobs, or another NCCL_NET_PLUGIN)", logPrefix, path)
 	}
 	r, err := openRegion(path)
 	if err != nil {
 		return nil, err
 	}
+	// The lock comes before the claim, so that from the claim on the listener
+	// can tell a live connector from a dead one; another process's lock means
+	// another connector got here first.
+	if err := lockSide(r.fd, sideSend); err != nil {
+		r.release()
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+			return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s already has a connector; NCCL connects once per listen handle", logPrefix, path)
+		}
+		return nil, nccl.Errorf(nccl.SystemError, "%s : cannot lock %s: %v", logPrefix, path, err)
+	}
 	h := r.h
+	writeSide(h, sideSend)
 	if !h.u32(offState).CompareAndSwap(stListening, stClaimed) {
 		st := h.u32(offState).Load()
-		r.unmap()
+		r.release()
 		if st == stListenerClosed {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : the listener of %s closed before this connect", path)
+			return nil, nccl.Errorf(nccl.SystemError, "%s : the listener of %s closed before this connect", logPrefix, path)
 		}
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/Shm : %s already has a connector (state %d); NCCL connects once per listen handle", path, st)
+		return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s already has a connector (state %d); NCCL connects once per listen handle", logPrefix, path, st)
 	}
 	pid := uint64(os.Getpid())
-	h.u64(h.side(sideSend, sidePid)).Store(pid)
-	h.u64(h.side(sideSend, sidePidNS)).Store(pidNS())
-	startBeating(r, sideSend)
 	copy(h.bytes(offConnProof, 32), proof(secret, "connect", h.bytes(offNonce, 32), pid))
 	h.u32(offState).Store(stProved)
 
-	pc := &pendingConnect{r: r, secret: secret, w: newPeerWatch(r, sideRecv, peerTimeout(t.logger()))}
-	t.mu.Lock()
-	t.nextID++
-	id := t.nextID
-	t.pending[id] = pc
-	t.mu.Unlock()
+	log := t.logger()
+	to := peerTimeout(log)
+	pc := &pendingConnect{r: r, secret: secret, w: newPeerWatch(r, sideRecv, to), timeout: timeout.Bound(to)}
+	pc.deadline = clock.Now() + int64(pc.timeout)
+	ref, ok := t.pending.Add(pc)
+	if !ok {
+		pc.release()
+		return nil, nccl.Errorf(nccl.InternalError, "%s : too many connects in progress (%d)", logPrefix, slots.MaxSlots)
+	}
 	*handle = nccl.Handle{} // the secret is not needed in this copy any more
 	binary.LittleEndian.PutUint64(handle[0:], pendingMagic)
-	binary.LittleEndian.PutUint64(handle[8:], id)
-	return t.advance(id, pc, handle)
+	binary.LittleEndian.PutUint64(handle[8:], ref.Pack())
+	return t.advance(ref, pc, handle)
 }
 
-func (t *Transport) advance(id uint64, pc *pendingConnect, handle *nccl.Handle) (nccl.SendComm, error) {
+func (t *Transport) advance(ref slots.Ref, pc *pendingConnect, handle *nccl.Handle) (nccl.SendComm, error) {
 	h := pc.r.h
 	fail := func(err error) (nccl.SendComm, error) {
-		t.mu.Lock()
-		delete(t.pending, id)
-		t.mu.Unlock()
+		t.pending.Remove(ref)
 		pc.release()
 		*handle = nccl.Handle{}
 		return nil, err
@@ -210,25 +252,26 @@ func (t *Transport) advance(id uint64, pc *pendingConnect, handle *nccl.Handle) 
 	case stAccepted:
 		nonce := h.bytes(offNonce, 32)
 		if !hmac.Equal(proof(pc.secret, "accept", nonce, h.u64(h.side(sideSend, sidePid)).Load()), h.bytes(offAcceptProof, 32)) {
-			return fail(nccl.Errorf(nccl.SystemError, "NET/Shm : the listener of %s answered without knowing the handle's secret", pc.r.path))
+			return fail(nccl.Errorf(nccl.SystemError, "%s : the listener of %s answered without knowing the handle's secret", logPrefix, pc.r.path))
 		}
-		t.mu.Lock()
-		delete(t.pending, id)
-		t.mu.Unlock()
+		t.pending.Remove(ref)
 		sc := newSendComm(pc.r, pc.w, t.logger())
 		pc.r = nil
 		return sc, nil
 	case stRejected:
 		h.u32(offState).CompareAndSwap(stRejected, stListening) // let the right peer in
-		return fail(nccl.Errorf(nccl.InvalidUsage, "NET/Shm : the listener of %s rejected this connect: the handle's secret does not match (a stale or corrupted handle)", pc.r.path))
+		return fail(nccl.Errorf(nccl.InvalidUsage, "%s : the listener of %s rejected this connect: the handle's secret does not match (a stale or corrupted handle)", logPrefix, pc.r.path))
 	case stListenerClosed:
-		return fail(nccl.Errorf(nccl.SystemError, "NET/Shm : the listener of %s closed before accepting", pc.r.path))
+		return fail(nccl.Errorf(nccl.SystemError, "%s : the listener of %s closed before accepting", logPrefix, pc.r.path))
 	case stProved:
-		if err := pc.w.check(now()); err != nil {
+		if err := pc.w.check(); err != nil {
 			return fail(err)
+		}
+		if clock.Now() > pc.deadline {
+			return fail(nccl.Errorf(nccl.SystemError, "%s : the listener of %s (process %d) did not accept within %v (NCCL_GO_TIMEOUT); it is alive but its rank never accepted", logPrefix, pc.r.path, pc.w.pid, pc.timeout))
 		}
 		return nil, nil
 	default:
-		return fail(nccl.Errorf(nccl.InternalError, "NET/Shm : %s is in unexpected state %d during connect", pc.r.path, st))
+		return fail(nccl.Errorf(nccl.InternalError, "%s : %s is in unexpected state %d during connect", logPrefix, pc.r.path, st))
 	}
 }

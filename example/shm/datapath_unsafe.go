@@ -3,6 +3,7 @@ package shm
 import (
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/reqpool"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -18,7 +19,6 @@ type sendReq struct {
 	data   unsafe.Pointer
 	size   int
 	copied int
-	busy   bool  // handed to NCCL and not yet reported done
 	err    error // the send failed before any byte moved (truncation)
 }
 
@@ -27,12 +27,10 @@ type sendComm struct {
 	ctsHead  uint64 // CTS index of the oldest receive with unmatched buffers
 	used     uint32 // buffers of that receive already matched (bit per entry)
 	descHead uint64
-	ringHead uint64 // bytes produced
-	ringTail uint64 // last consumer position seen
-	reqs     [descCap]sendReq
-	free     [descCap]int16 // free request ids (stack)
-	nfree    int
-	q        [descCap]int16 // requests with bytes still to copy, in ring order
+	ringHead uint64                 // bytes produced
+	ringTail uint64                 // last consumer position seen
+	reqs     *reqpool.Pool[sendReq] // descCap requests, handed out as nccl.Request ids
+	q        [descCap]int16         // requests with bytes still to copy, in ring order
 	qHead    int
 	qLen     int
 }
@@ -54,7 +52,7 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	}
 	n := int(h.u32(ctsOff(slot, ctsN)).Load())
 	if n < 1 || n > maxRecvs {
-		s.err = nccl.Errorf(nccl.SystemError, "NET/Shm : corrupt receive slot %d (n=%d) from %s", s.ctsHead, n, s.peer)
+		s.err = nccl.Errorf(nccl.SystemError, "NET/GoShm : corrupt receive slot %d (n=%d) from %s", s.ctsHead, n, s.peer)
 		return nccl.NoRequest, s.err
 	}
 	entry, seen := -1, false
@@ -70,12 +68,12 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	}
 	if entry < 0 {
 		if !seen {
-			return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/Shm : isend with tag %d, but the oldest posted receive (%d buffers) has no buffer with that tag; sends must match receives in order", tag, n)
+			return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/GoShm : isend with tag %d, but the oldest posted receive (%d buffers) has no buffer with that tag; sends must match receives in order", tag, n)
 		}
 		// This tag's buffer is taken; the receive's other buffers come first.
 		return nccl.NoRequest, s.idle(s.progress())
 	}
-	if s.nfree == 0 || s.descHead-h.u64(offRecvLine).Load() >= descCap {
+	if s.reqs.InUse() == descCap || s.descHead-h.u64(offRecvLine).Load() >= descCap {
 		return nccl.NoRequest, s.idle(s.progress())
 	}
 	capacity := h.u64(ctsOff(slot, ctsSizes+8*entry)).Load()
@@ -96,17 +94,16 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 		s.ctsHead++
 		s.used = 0
 	}
-	s.nfree--
-	id := s.free[s.nfree]
+	id, rq, _ := s.reqs.Get() // cannot fail: checked above
 	if trunc {
 		// Nothing is copied. The receiver's Test fails with the same code; the
 		// sender learns it from its own Test, which NCCL polls like any other.
-		s.reqs[id] = sendReq{busy: true, err: nccl.Errorf(nccl.InvalidUsage, "NET/Shm : message truncated: sending %d bytes, but the matching receive buffer (tag %d) holds only %d; nothing was sent", size, tag, capacity)}
+		rq.err = nccl.Errorf(nccl.InvalidUsage, "%s : message truncated: sending %d bytes, but the matching receive buffer (tag %d) holds only %d; nothing was sent", logPrefix, size, tag, capacity)
 		return nccl.Request(id), nil
 	}
-	s.reqs[id] = sendReq{data: data, size: size, busy: true}
+	rq.data, rq.size = data, size
 	if size > 0 {
-		s.q[(s.qHead+s.qLen)%descCap] = id
+		s.q[(s.qHead+s.qLen)%descCap] = int16(id)
 		s.qLen++
 		s.progress()
 	}
@@ -124,7 +121,7 @@ func (s *sendComm) progress() bool {
 	budget := s.r.ringSize
 	s.ringTail = h.u64(offRecvLine + 8).Load()
 	for s.qLen > 0 {
-		rq := &s.reqs[s.q[s.qHead]]
+		rq := s.reqs.At(int(s.q[s.qHead]))
 		for rq.copied < rq.size {
 			free := s.r.ringSize - (s.ringHead - s.ringTail)
 			pos := s.ringHead & s.mask
@@ -153,7 +150,7 @@ func (s *sendComm) idle(moved bool) error {
 	}
 	err := s.w.idleCheck()
 	if err == nil && s.w.closed() {
-		err = nccl.Errorf(nccl.SystemError, "NET/Shm : the receiver %s closed the connection", s.peer)
+		err = nccl.Errorf(nccl.SystemError, "NET/GoShm : the receiver %s closed the connection", s.peer)
 	}
 	if err != nil {
 		s.err = err
@@ -167,19 +164,17 @@ func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
 	if s.r == nil {
 		return false, 0, s.closedErr()
 	}
-	if r < 0 || int(r) >= descCap || !s.reqs[r].busy {
-		return false, 0, nccl.Errorf(nccl.InternalError, "NET/Shm : test of send request %d, which is not in flight", r)
+	rq := s.reqs.At(int(r))
+	if rq == nil {
+		return false, 0, nccl.Errorf(nccl.InternalError, "%s : test of send request %d, which is not in flight", logPrefix, r)
 	}
 	if s.err != nil {
 		return false, 0, s.err
 	}
 	moved := s.progress()
-	rq := &s.reqs[r]
 	if rq.err != nil || rq.copied == rq.size {
 		err, size := rq.err, rq.size
-		*rq = sendReq{}
-		s.free[s.nfree] = int16(r)
-		s.nfree++
+		s.reqs.Put(int(r))
 		if err != nil {
 			return false, 0, err
 		}
@@ -189,6 +184,10 @@ func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
 		return false, 0, err
 	}
 	return false, 0, nil
+}
+
+func errRecvCount(n int) error {
+	return nccl.Errorf(nccl.InvalidArgument, "%s : grouped receive of %d buffers; shm accepts 1 to %d (its maxRecvs)", logPrefix, n, maxRecvs)
 }
 
 type recvSlot struct {
@@ -228,8 +227,8 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		return nccl.NoRequest, c.err
 	}
 	n := len(bufs)
-	if n < 1 || n > maxRecvs {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/Shm : grouped receive of %d buffers; shm accepts 1 to %d (its maxRecvs)", n, maxRecvs)
+	if n < 1 || n > maxRecvs { // the glue only bounds n by the ABI's 64
+		return nccl.NoRequest, errRecvCount(n)
 	}
 	si := int(c.posted % ctsSlots)
 	sl := &c.slots[si]
@@ -309,13 +308,13 @@ func (c *recvComm) startMessage() bool {
 	size := h.u64(descOff(d, descBytes)).Load()
 	sl := &c.slots[idx%ctsSlots]
 	if idx >= c.posted || c.posted-idx > ctsSlots || !sl.busy || sl.idx != idx || e >= sl.n || size > nccl.MaxNetSize {
-		c.err = nccl.Errorf(nccl.SystemError, "NET/Shm : corrupt message descriptor from %s (receive %d, buffer %d, %d bytes; %d receives posted)", c.peer, idx, e, size, c.posted)
+		c.err = nccl.Errorf(nccl.SystemError, "NET/GoShm : corrupt message descriptor from %s (receive %d, buffer %d, %d bytes; %d receives posted)", c.peer, idx, e, size, c.posted)
 		return false
 	}
 	c.descTail++
 	h.u64(offRecvLine).Store(c.descTail)
 	if (flags&flagTrunc != 0 || size > uint64(sl.caps[e])) && sl.err == nil {
-		sl.err = nccl.Errorf(nccl.InvalidUsage, "NET/Shm : message truncated: the sender has %d bytes for the %d-byte receive buffer with tag %d; nothing was written", size, sl.caps[e], sl.tags[e])
+		sl.err = nccl.Errorf(nccl.InvalidUsage, "NET/GoShm : message truncated: the sender has %d bytes for the %d-byte receive buffer with tag %d; nothing was written", size, sl.caps[e], sl.tags[e])
 	}
 	if flags&flagTrunc != 0 || size == 0 { // no payload follows
 		c.finish(sl, e, 0)
@@ -340,7 +339,7 @@ func (c *recvComm) idle(moved bool) error {
 	}
 	err := c.w.idleCheck()
 	if err == nil && c.w.closed() && !c.progress() {
-		err = nccl.Errorf(nccl.SystemError, "NET/Shm : the sender %s closed the connection with receives outstanding", c.peer)
+		err = nccl.Errorf(nccl.SystemError, "NET/GoShm : the sender %s closed the connection with receives outstanding", c.peer)
 	}
 	if err != nil {
 		c.err = err
@@ -354,7 +353,7 @@ func (c *recvComm) Test(r nccl.Request, sizes []int) (bool, error) {
 		return false, c.closedErr()
 	}
 	if r < 0 || int(r) >= ctsSlots || !c.slots[r].busy || c.slots[r].reported {
-		return false, nccl.Errorf(nccl.InternalError, "NET/Shm : test of receive request %d, which is not in flight", r)
+		return false, nccl.Errorf(nccl.InternalError, "NET/GoShm : test of receive request %d, which is not in flight", r)
 	}
 	if c.err != nil {
 		return false, c.err

@@ -1,6 +1,9 @@
 // Package shm is the SDK example: a complete NCCL net transport for ranks on the
-// same host, written only against package nccl and built into its own
-// libnccl-net-shm.so by cmd/libnccl-net-shm and scripts/build-plugin.sh.
+// same host, written against package nccl and built into its own
+// libnccl-net-shm.so by cmd/libnccl-net-shm and scripts/build-plugin.sh. Being
+// inside this module, it also uses a few of its internal helpers (the settings
+// registry, the clock, the request pool, the handle table); a vendor module
+// uses nccl.Env and its own small equivalents instead.
 //
 // It owns the shared-memory protocol. Each connection is one file in
 // NCCL_GO_SHM_DIR (default /dev/shm) that the listener creates and the
@@ -23,8 +26,9 @@
 // data-path call is a handful of atomic loads and bounded memcpy: no locks, no
 // allocation, no waiting.
 //
-// A peer's death is detected with a pidfd when both processes share a PID
-// namespace, else by a heartbeat each process bumps every 100 ms
-// (NCCL_GO_SHM_PEER_TIMEOUT); a peer that closed its end is noticed as soon as
-// the data it left behind has been consumed.
+// Liveness, not progress: each end holds a POSIX lock on its side of the file
+// while its process lives, so a killed peer is seen at once (its kernel drops
+// the lock) and a frozen or slow one stays alive, in any PID namespace. A peer
+// that closed its end is noticed as soon as the data it left behind has been
+// consumed. Connection set-up is bounded by NCCL_GO_TIMEOUT.
 package shm

@@ -2,28 +2,52 @@ package shm
 
 import (
 	"errors"
+	"io"
 	"os"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-const (
-	beatPeriod     = 100 * time.Millisecond
-	checkPeriod    = 20 * time.Millisecond // how often an idle comm looks at its peer
-	defaultTimeout = 10 * time.Second      // heartbeat fallback only
-)
+// Liveness, not progress. Each end of a connection holds a POSIX write lock
+// on one byte of its side of the header (sideLock) for as long as its
+// process lives: the kernel drops the lock when the process exits or is
+// killed, however it dies, and keeps it while the process is stopped
+// (SIGSTOP, a debugger) or just slow. So a peer whose lock is gone is dead,
+// and a peer that holds it is alive, however long it does not post or read:
+// deciding that a frozen rank has hung is NCCL's or the framework's
+// watchdog's business, as for every other transport of this plugin. The
+// check is one fcntl(F_GETLK), it works across PID namespaces (locks are
+// kernel objects, not pids), and POSIX locks are not inherited by fork, so a
+// forked child (a dataloader worker) cannot keep a dead rank "alive".
 
-var epoch = time.Now()
+// checkPeriod is how often an idle comm looks at its peer.
+const checkPeriod = 20 * time.Millisecond
 
-// now is monotonic nanoseconds; time.Since neither allocates nor locks.
-func now() int64 { return int64(time.Since(epoch)) }
+// lockSide takes our side's lock on the connection file. F_SETLK does not
+// wait: the byte is free unless another process claims the same side.
+func lockSide(fd, side int) error {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: int64(offSides + side*sideSize + sideLock), Len: 1}
+	return unix.FcntlFlock(uintptr(fd), unix.F_SETLK, &lk)
+}
 
-// pidNS identifies this process's PID namespace, so a peer knows whether our
-// pid means the same process to it.
+// sideLocked reports whether another process holds side's lock.
+func sideLocked(fd, side int) (bool, error) {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: int64(offSides + side*sideSize + sideLock), Len: 1}
+	for {
+		err := unix.FcntlFlock(uintptr(fd), unix.F_GETLK, &lk)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		return lk.Type != unix.F_UNLCK, err
+	}
+}
+
+// pidNS identifies this process's PID namespace: with the pid it tells
+// whether the peer is this very process.
 func pidNS() uint64 {
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/ns/pid", &st); err != nil {
@@ -32,92 +56,30 @@ func pidNS() uint64 {
 	return st.Ino
 }
 
-// beats bumps the heartbeat of every mapped region this process is an end of,
-// so that a peer in another PID namespace (no pidfd possible) can still tell a
-// live process from a dead one. One goroutine per process, only while regions
-// exist.
-var beats struct {
-	sync.Mutex
-	regs    map[*region]int // region -> our side
-	running bool
+// writeSide records this process on side of the header.
+func writeSide(h hdr, side int) {
+	h.u64(h.side(side, sidePid)).Store(uint64(os.Getpid()))
+	h.u64(h.side(side, sidePidNS)).Store(pidNS())
 }
 
-func startBeating(r *region, side int) {
-	beats.Lock()
-	defer beats.Unlock()
-	if beats.regs == nil {
-		beats.regs = make(map[*region]int)
-	}
-	beats.regs[r] = side
-	r.h.u64(r.h.side(side, sideBeat)).Add(1)
-	if !beats.running {
-		beats.running = true
-		go beatLoop()
-	}
-}
-
-// stopBeating must run before r is unmapped: the beat loop writes into it
-// under the same lock.
-func stopBeating(r *region) {
-	beats.Lock()
-	delete(beats.regs, r)
-	beats.Unlock()
-}
-
-func beatLoop() {
-	t := time.NewTicker(beatPeriod)
-	defer t.Stop()
-	for range t.C {
-		beats.Lock()
-		if len(beats.regs) == 0 {
-			beats.running = false
-			beats.Unlock()
-			return
-		}
-		for r, side := range beats.regs {
-			r.h.u64(r.h.side(side, sideBeat)).Add(1)
-		}
-		beats.Unlock()
-	}
-}
-
-// peerWatch tells whether the other end of a region is still there. Its checks
-// cost a syscall, so idle callers run them at most every checkPeriod.
+// peerWatch tells whether the other end of a region is still there. Its
+// checks cost a syscall, so idle callers run them at most every checkPeriod.
 type peerWatch struct {
-	r        *region
-	peer     int // the peer's side
-	pid      int
-	pidfd    int // -1: use the heartbeat
-	poll     [1]unix.PollFd
-	timeout  int64
-	lastBeat uint64
-	beatAt   int64
-	idle     uint32
-	next     int64
+	r    *region
+	peer int  // the peer's side
+	pid  int  // the peer's pid in its own namespace, for messages
+	self bool // both ends in this process: it lives as long as we do
+	off  bool // NCCL_GO_TIMEOUT <= 0: dead-peer checks are off
+	idle uint32
+	next int64
 }
 
-func newPeerWatch(r *region, peer int, timeout time.Duration) peerWatch {
-	w := peerWatch{r: r, peer: peer, pidfd: -1, timeout: int64(timeout)}
-	w.pid = int(r.h.u64(r.h.side(peer, sidePid)).Load())
-	if w.pid == os.Getpid() {
-		w.timeout = 0 // both ends in this process: the peer lives as long as we do
-	} else if ns := pidNS(); ns != 0 && ns == r.h.u64(r.h.side(peer, sidePidNS)).Load() {
-		if fd, err := unix.PidfdOpen(w.pid, 0); err == nil {
-			unix.CloseOnExec(fd)
-			w.pidfd = fd
-			w.poll[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-		}
-	}
-	w.lastBeat = r.h.u64(r.h.side(peer, sideBeat)).Load()
-	w.beatAt = now()
+func newPeerWatch(r *region, peer int, peerTimeout time.Duration) peerWatch {
+	h := r.h
+	w := peerWatch{r: r, peer: peer, off: peerTimeout <= 0}
+	w.pid = int(h.u64(h.side(peer, sidePid)).Load())
+	w.self = w.pid == os.Getpid() && h.u64(h.side(peer, sidePidNS)).Load() == pidNS()
 	return w
-}
-
-func (w *peerWatch) close() {
-	if w.pidfd >= 0 {
-		_ = unix.Close(w.pidfd)
-		w.pidfd = -1
-	}
 }
 
 // closed reports whether the peer closed its end.
@@ -130,37 +92,29 @@ func (w *peerWatch) closed() bool {
 // clock read every 64th call.
 func (w *peerWatch) idleCheck() error {
 	w.idle++
-	if w.idle&63 != 0 {
+	if w.idle&63 != 0 || w.off {
 		return nil
 	}
-	t := now()
+	t := clock.Now()
 	if t < w.next {
 		return nil
 	}
 	w.next = t + int64(checkPeriod)
-	return w.check(t)
+	return w.check()
 }
 
-// check looks at the peer now.
-func (w *peerWatch) check(t int64) error {
-	if w.pidfd >= 0 {
-		w.poll[0].Revents = 0
-		n, err := unix.Poll(w.poll[:], 0)
-		if err == nil && n > 0 {
-			return nccl.Errorf(nccl.SystemError, "NET/Shm : peer process %d exited", w.pid)
-		}
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return nccl.Errorf(nccl.SystemError, "NET/Shm : cannot watch peer process %d: %v", w.pid, err)
-		}
+// check looks at the peer now. A peer that closed its end is not an error
+// here: the data path first delivers what it left in the ring.
+func (w *peerWatch) check() error {
+	if w.self || w.off || w.closed() {
 		return nil
 	}
-	if b := w.r.h.u64(w.r.h.side(w.peer, sideBeat)).Load(); b != w.lastBeat {
-		w.lastBeat, w.beatAt = b, t
-		return nil
+	locked, err := sideLocked(w.r.fd, w.peer)
+	if err != nil {
+		return nccl.Errorf(nccl.SystemError, "%s : cannot watch peer process %d through %s: %v", logPrefix, w.pid, w.r.path, err)
 	}
-	if w.timeout > 0 && t-w.beatAt > w.timeout {
-		return nccl.Errorf(nccl.SystemError, "NET/Shm : peer process %d (another PID namespace) has not shown a heartbeat for %v; it is gone or frozen (NCCL_GO_SHM_PEER_TIMEOUT sets this limit)",
-			w.pid, time.Duration(t-w.beatAt).Round(time.Millisecond))
+	if !locked && !w.closed() {
+		return nccl.Errorf(nccl.SystemError, "%s : peer process %d exited (its lock on %s is gone) without closing the connection", logPrefix, w.pid, w.r.path)
 	}
 	return nil
 }

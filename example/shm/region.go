@@ -2,6 +2,7 @@ package shm
 
 import (
 	"errors"
+	"fmt"
 
 	"golang.org/x/sys/unix"
 
@@ -43,9 +44,9 @@ var _ [headerSize - (offDesc + descCap*descSize)]byte
 
 // Fields of a sideInfo block (one per end: sideRecv is the listener).
 const (
-	sidePid   = 0  // u64
-	sidePidNS = 8  // u64, inode of /proc/self/ns/pid
-	sideBeat  = 16 // u64, heartbeat counter
+	sidePid   = 0  // u64, in the writer's PID namespace (for messages)
+	sidePidNS = 8  // u64, inode of /proc/self/ns/pid: same pid and namespace = same process
+	sideLock  = 16 // 1 byte the end holds a POSIX write lock on while its process lives
 	sideClose = 24 // u32, 1 once the end closed
 )
 
@@ -87,25 +88,16 @@ const (
 	defaultRing = 1 << 20
 )
 
-// region is one mapped connection file.
+// region is one mapped connection file. It keeps the file open: the POSIX
+// lock on our side's byte lives as long as this process does (liveness.go).
 type region struct {
 	mem      []byte
+	fd       int // -1 once released
 	path     string
 	ringSize uint64
 	ring     []byte
 	linked   bool // the file still has a name to unlink
 	h        hdr  // typed views into mem (region_unsafe.go)
-}
-
-func ringSizeSetting(log nccl.Logger) uint64 {
-	n := nccl.EnvInt(log, "NCCL_GO_SHM_RING_SIZE", defaultRing)
-	if n < minRing || n > maxRing || n&(n-1) != 0 {
-		if log != nil {
-			log.Warnf("NET/Shm : ignoring NCCL_GO_SHM_RING_SIZE=%d: expected a power of two from %d to %d; using %d", n, minRing, maxRing, defaultRing)
-		}
-		n = defaultRing
-	}
-	return uint64(n)
 }
 
 // createRegion makes a new connection file and maps it. fallocate commits the
@@ -114,23 +106,28 @@ func ringSizeSetting(log nccl.Logger) uint64 {
 func createRegion(path string, ringSize uint64) (*region, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : cannot create %s: %v (set NCCL_GO_SHM_DIR to a writable tmpfs directory)", path, err)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : cannot create %s: %v (set NCCL_GO_SHM_DIR to a writable tmpfs directory)", logPrefix, path, err)
 	}
-	defer unix.Close(fd)
+	fail := func(err error) (*region, error) {
+		_ = unix.Close(fd)
+		_ = unix.Unlink(path)
+		return nil, err
+	}
 	size := int64(headerSize + ringSize)
 	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
-		_ = unix.Unlink(path)
 		if errors.Is(err, unix.ENOSPC) {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : no space for %d bytes in %s: %v (enlarge that tmpfs, e.g. docker --shm-size, lower NCCL_GO_SHM_RING_SIZE or set NCCL_GO_SHM_DIR)", size, path, err)
+			return fail(nccl.Errorf(nccl.SystemError, "%s : no space for %d bytes in %s: %v (enlarge that tmpfs, e.g. docker --shm-size, lower NCCL_GO_SHM_RING_SIZE or set NCCL_GO_SHM_DIR)", logPrefix, size, path, err))
 		}
 		if err := unix.Ftruncate(fd, size); err != nil { // a filesystem without fallocate
-			return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : cannot size %s: %v", path, err)
+			return fail(nccl.Errorf(nccl.SystemError, "%s : cannot size %s: %v", logPrefix, path, err))
 		}
+	}
+	if err := lockSide(fd, sideRecv); err != nil {
+		return fail(nccl.Errorf(nccl.SystemError, "%s : cannot lock %s: %v (the directory's filesystem must support POSIX locks; set NCCL_GO_SHM_DIR to a tmpfs)", logPrefix, path, err))
 	}
 	r, err := mapRegion(fd, path, size)
 	if err != nil {
-		_ = unix.Unlink(path)
-		return nil, err
+		return fail(err)
 	}
 	r.linked = true
 	r.ringSize = ringSize
@@ -140,45 +137,61 @@ func createRegion(path string, ringSize uint64) (*region, error) {
 
 // openRegion maps an existing connection file and checks its header.
 func openRegion(path string) (*region, error) {
-	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// O_NOFOLLOW and O_NONBLOCK: whatever sits at the path, opening it must
+	// neither follow a planted link nor block (a FIFO); only a regular file
+	// of a connection file's size is mapped.
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : %s does not exist: the listener closed it, or it runs on another host (the shm transport only connects ranks of one host)", path)
+			return nil, nccl.Errorf(nccl.SystemError, "%s : %s does not exist: the listener closed it, or it runs on another host (the shm transport only connects ranks of one host)", logPrefix, path)
 		}
-		return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : cannot open %s: %v", path, err)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : cannot open %s: %v", logPrefix, path, err)
 	}
-	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : fstat %s: %v", path, err)
+		_ = unix.Close(fd)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : fstat %s: %v", logPrefix, path, err)
 	}
-	if st.Size < headerSize+minRing {
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/Shm : %s is %d bytes, too small to be a connection file", path, st.Size)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < headerSize+minRing || st.Size > headerSize+maxRing {
+		_ = unix.Close(fd)
+		return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s is not a connection file (mode %#o, %d bytes)", logPrefix, path, st.Mode, st.Size)
 	}
 	r, err := mapRegion(fd, path, st.Size)
 	if err != nil {
+		_ = unix.Close(fd)
 		return nil, err
 	}
-	if r.h.u64(offMagic).Load() != fileMagic || r.h.u32(offVersion).Load() != layoutVersion {
-		r.unmap()
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/Shm : %s is not a connection file of this shm transport version", path)
-	}
-	rs := r.h.u64(offRingSize).Load()
-	if rs < minRing || rs > maxRing || uint64(st.Size) != headerSize+rs || r.h.u32(offMaxRecvs).Load() != maxRecvs {
-		r.unmap()
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/Shm : %s has an inconsistent header (ring %d bytes, file %d bytes)", path, rs, st.Size)
+	rs, err := checkHeader(r.h, uint64(st.Size))
+	if err != nil {
+		r.release()
+		return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s %v", logPrefix, path, err)
 	}
 	r.ringSize = rs
 	r.ring = r.mem[headerSize:]
 	return r, nil
 }
 
+// checkHeader validates what a listener wrote before a connector trusts any
+// of it (the file could be anything a same-uid process put at that path). It
+// returns the ring size.
+func checkHeader(h hdr, fileSize uint64) (uint64, error) {
+	if h.u64(offMagic).Load() != fileMagic || h.u32(offVersion).Load() != layoutVersion {
+		return 0, fmt.Errorf("is not a connection file of this shm transport version")
+	}
+	rs := h.u64(offRingSize).Load()
+	if rs < minRing || rs > maxRing || rs&(rs-1) != 0 || fileSize != headerSize+rs || h.u32(offMaxRecvs).Load() != maxRecvs {
+		return 0, fmt.Errorf("has an inconsistent header (ring %d bytes, file %d bytes)", rs, fileSize)
+	}
+	return rs, nil
+}
+
+// mapRegion maps fd, which the region then owns.
 func mapRegion(fd int, path string, size int64) (*region, error) {
 	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "NET/Shm : mmap %s (%d bytes): %v", path, size, err)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : mmap %s (%d bytes): %v", logPrefix, path, size, err)
 	}
-	r := &region{mem: mem, path: path}
+	r := &region{mem: mem, fd: fd, path: path}
 	r.h = newHdr(mem)
 	return r, nil
 }
@@ -190,14 +203,20 @@ func (r *region) unlink(log nccl.Logger) {
 	}
 	r.linked = false
 	if err := unix.Unlink(r.path); err != nil && !errors.Is(err, unix.ENOENT) && log != nil {
-		log.Warnf("NET/Shm : cannot remove %s: %v; delete it by hand", r.path, err)
+		log.Warnf("%s : cannot remove %s: %v; delete it by hand", logPrefix, r.path, err)
 	}
 }
 
-func (r *region) unmap() {
+// release unmaps the file and closes it, which drops our lock: to the peer we
+// are gone (after a Close, the close flag tells it we left on purpose).
+func (r *region) release() {
 	if r.mem != nil {
 		_ = unix.Munmap(r.mem)
 		r.mem, r.ring = nil, nil
 		r.h = hdr{}
+	}
+	if r.fd >= 0 {
+		_ = unix.Close(r.fd)
+		r.fd = -1
 	}
 }

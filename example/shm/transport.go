@@ -7,28 +7,15 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
-)
-
-// Settings (read through nccl.Env* when used, never cached across Init).
-const (
-	envDisable = "NCCL_GO_SHM_DISABLE"      // 1: report no device, so the glue falls back
-	envDir     = "NCCL_GO_SHM_DIR"          // where connection files are made (tmpfs)
-	envRing    = "NCCL_GO_SHM_RING_SIZE"    // bytes of each connection's data ring
-	envTimeout = "NCCL_GO_SHM_PEER_TIMEOUT" // heartbeat limit when no pidfd is possible
-	envSpeed   = "NCCL_GO_SHM_SPEED"        // advertised Mbps
-
-	defaultDir = "/dev/shm"
-	// defaultSpeed is about what two memcpy passes through the ring sustain
-	// (12-18 GB/s between two processes on a small VM, see docs/extending.md):
-	// NCCL weighs devices by speed, so it should not promise a 400G NIC.
-	defaultSpeed = 100000
 )
 
 // Transport is the shared-memory fabric: one virtual device, "shm0", reaching
@@ -38,9 +25,9 @@ type Transport struct {
 	mu    sync.Mutex
 	ready bool
 	boot  [16]byte // this host's boot id: handles from another host are refused
-	// pending connects, keyed by the id the connector left in its handle copy.
-	pending map[uint64]*pendingConnect
-	nextID  uint64
+	// pending connects; the connector's handle copy holds the attempt's Ref,
+	// so a stale or forged retry finds nothing.
+	pending slots.Table[pendingConnect]
 }
 
 // New returns an uninitialised transport, for nccl.Register.
@@ -54,14 +41,11 @@ func (t *Transport) Name() string { return "shm" }
 func (t *Transport) Init(ctx nccl.InitContext) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.log = ctx.Log
-	if t.log == nil {
-		t.log = nccl.DiscardLogger{}
-	}
-	if nccl.EnvBool(t.log, envDisable, false) {
+	t.log = ctx.Logger()
+	if settingDisable.Get(t.log) {
 		return fmt.Errorf("%w: %s=1", nccl.ErrNoDevice, envDisable)
 	}
-	dir := nccl.EnvString(envDir, defaultDir)
+	dir := settingDir.Get()
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return fmt.Errorf("%w: %s=%s is not a directory (set it to a tmpfs such as /dev/shm)", nccl.ErrNoDevice, envDir, dir)
@@ -70,9 +54,11 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 		return fmt.Errorf("%w: %s=%s is not writable: %v", nccl.ErrNoDevice, envDir, dir, err)
 	}
 	t.boot = readBootID()
-	t.pending = make(map[uint64]*pendingConnect)
 	t.ready = true
-	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Shm : connection files in %s, %d-byte rings", dir, ringSizeSetting(t.log))
+	if d := peerTimeout(t.log); d <= 0 {
+		t.log.Warnf("%s : NCCL_GO_TIMEOUT=%v: dead-peer detection is off; a comm whose peer process died fails only when NCCL aborts it, and connection set-up is bounded by the default %v", logPrefix, d, timeout.Default)
+	}
+	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "%s : connection files in %s, %d-byte rings", logPrefix, dir, ringSizeSetting(t.log))
 	return nil
 }
 
@@ -103,17 +89,14 @@ func (t *Transport) Devices() int {
 // Properties implements nccl.Transport.
 func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 	if dev != 0 {
-		return nccl.Properties{}, nccl.Errorf(nccl.InvalidArgument, "NET/Shm : device %d does not exist; shm has one device, 0", dev)
+		return nccl.Properties{}, nccl.Errorf(nccl.InvalidArgument, "NET/GoShm : device %d does not exist; shm has one device, 0", dev)
 	}
 	h := fnv.New64a()
 	t.mu.Lock()
 	h.Write(t.boot[:])
 	log := t.log
 	t.mu.Unlock()
-	speed := nccl.EnvInt(log, envSpeed, defaultSpeed)
-	if speed <= 0 {
-		speed = defaultSpeed
-	}
+	speed := settingSpeed.Get(log)
 	return nccl.Properties{
 		Name:         "shm0",
 		PCIPath:      "", // virtual: no PCI device behind it
@@ -124,20 +107,20 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		MaxRecvs:     maxRecvs,
 		MaxP2PBytes:  nccl.MaxNetSizeBytes,
 		MaxCollBytes: nccl.MaxCollSize,
-		RailID:       nccl.IDUndef,
-		PlaneID:      nccl.IDUndef,
 	}, nil
 }
 
 // Finalize implements nccl.Transport: connects NCCL abandoned are released;
 // open comms belong to NCCL, which closes them.
 func (t *Transport) Finalize() error {
+	t.pending.Range(func(ref slots.Ref, pc *pendingConnect) bool {
+		if t.pending.Remove(ref) != nil {
+			pc.release()
+		}
+		return true
+	})
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for id, pc := range t.pending {
-		pc.release()
-		delete(t.pending, id)
-	}
 	t.ready = false
 	return nil
 }
@@ -149,10 +132,6 @@ func (t *Transport) logger() nccl.Logger {
 		return nccl.DiscardLogger{}
 	}
 	return t.log
-}
-
-func peerTimeout(log nccl.Logger) time.Duration {
-	return nccl.EnvDuration(log, envTimeout, defaultTimeout, time.Second)
 }
 
 // Handle layout. NCCL copies all 128 bytes to the connector; the connector's
@@ -178,13 +157,51 @@ func encodeHandle(h *nccl.Handle, boot [16]byte, secret []byte, path string) {
 
 func decodeHandle(h *nccl.Handle) (boot [16]byte, secret []byte, path string, err error) {
 	if binary.LittleEndian.Uint64(h[0:]) != handleMagic {
-		return boot, nil, "", nccl.Errorf(nccl.InvalidArgument, "NET/Shm : connect got a handle that no shm listener wrote (does the listening rank load another net plugin?)")
+		return boot, nil, "", nccl.Errorf(nccl.InvalidArgument, "NET/GoShm : connect got a handle that no shm listener wrote (does the listening rank load another net plugin?)")
 	}
 	copy(boot[:], h[hOffBoot:])
 	secret = append([]byte(nil), h[hOffSecret:hOffSecret+secretLen]...)
 	p := h[hOffPath:]
-	if i := bytes.IndexByte(p, 0); i >= 0 {
-		p = p[:i]
+	i := bytes.IndexByte(p, 0)
+	if i < 0 {
+		return boot, nil, "", nccl.Errorf(nccl.InvalidArgument, "%s : connect got a handle whose path is not terminated", logPrefix)
 	}
-	return boot, secret, string(p), nil
+	path = string(p[:i])
+	if !isConnPath(path) {
+		// The handle comes from another process: never open what it names
+		// unless it is one of our connection files.
+		return boot, nil, "", nccl.Errorf(nccl.InvalidArgument, "%s : connect got a handle naming %q, which is not a shm connection file", logPrefix, path)
+	}
+	return boot, secret, path, nil
+}
+
+// connFilePrefix starts the name of every connection file:
+// ncclgo-shm-<listener pid>-<16 hex digits>.
+const connFilePrefix = "ncclgo-shm-"
+
+// isConnPath reports whether path is an absolute, clean path to a file named
+// as Listen names them.
+func isConnPath(path string) bool {
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false
+	}
+	name, ok := strings.CutPrefix(filepath.Base(path), connFilePrefix)
+	if !ok {
+		return false
+	}
+	pid, rnd, ok := strings.Cut(name, "-")
+	if !ok || pid == "" || len(rnd) != 16 {
+		return false
+	}
+	for _, c := range pid {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	for _, c := range rnd {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -14,6 +14,15 @@
 # 2. Textfile mode: runs the transfer again with NCCL_GO_METRICS_TEXTFILE_DIR
 #    and checks the same counters in the files, promtool on them, and that the
 #    files are gone once the processes finalized.
+# 3. Dashboard and alerting rules (deploy/): the same Prometheus loads
+#    deploy/prometheus/ncclnet-alerts.yml and scrapes two more pairs of plugin
+#    processes driven by the selftest helper: one moves verified data, holds
+#    one receive past NCCL_GO_STALL_WARN and has the plugin refuse one bad
+#    irecv; the other connects and stays silent. While they run, every alert
+#    expression (as Prometheus loaded it) and every query of
+#    deploy/grafana/ncclnet-go.json (variables filled in) must return data, or
+#    the test fails naming the expression; the three alerts must be pending or
+#    firing for the right ranks; `ncclnet-go top --once` must see all four.
 #
 # Every wait is bounded; everything started here is killed on exit.
 set -euo pipefail
@@ -24,8 +33,15 @@ SIZE=1048576
 ITERS=64
 VERSION=""
 LINGER=6
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+TOOL=build/ncclnet-go
+HELPER=build/ncclnet-go-selftest
+RULES=$ROOT/deploy/prometheus/ncclnet-alerts.yml
+DASHBOARD=$ROOT/deploy/grafana/ncclnet-go.json
+LOAD_SECS=45
 usage() {
   echo "usage: $0 [--plugin SO] [--harness BIN] [--size BYTES] [--iters N] [--version V] [--linger SEC]" >&2
+  echo "          [--ncclnet-go BIN] [--selftest-helper BIN] [--rules YML] [--dashboard JSON] [--load-secs SEC]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -36,6 +52,11 @@ while [ $# -gt 0 ]; do
     --iters) ITERS=$2; shift 2 ;;
     --version) VERSION=$2; shift 2 ;;
     --linger) LINGER=$2; shift 2 ;;
+    --ncclnet-go) TOOL=$2; shift 2 ;;
+    --selftest-helper) HELPER=$2; shift 2 ;;
+    --rules) RULES=$2; shift 2 ;;
+    --dashboard) DASHBOARD=$2; shift 2 ;;
+    --load-secs) LOAD_SECS=$2; shift 2 ;;
     *) usage ;;
   esac
 done
@@ -44,11 +65,15 @@ log() { echo "prometheus-e2e: [${SECONDS}s] $*"; }
 for tool in prometheus promtool curl jq setsid timeout; do
   command -v "$tool" >/dev/null || { log "FAIL: $tool not found (make deps installs prometheus, curl, jq)"; exit 1; }
 done
-for f in "$PLUGIN" "$HARNESS"; do
+for f in "$PLUGIN" "$HARNESS" "$TOOL" "$HELPER" "$RULES" "$DASHBOARD"; do
   [ -e "$f" ] || { log "FAIL: $f does not exist (make $f)"; exit 1; }
 done
 PLUGIN=$(realpath "$PLUGIN")
 HARNESS=$(realpath "$HARNESS")
+TOOL=$(realpath "$TOOL")
+HELPER=$(realpath "$HELPER")
+RULES=$(realpath "$RULES")
+DASHBOARD=$(realpath "$DASHBOARD")
 EXPECT=$((SIZE * ITERS))
 
 TMP=$(mktemp -d /tmp/ncclnet-prom-e2e.XXXXXX)
@@ -144,14 +169,25 @@ export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
 ########## 1. HTTP endpoint scraped by Prometheus ##########
 METRICS_BASE=$(free_ports 2) || fail "no two unused consecutive ports for the plugin"
+# Part 3's four processes (two pairs) get their own job and ports.
+for _ in 1 2 3 4 5; do
+  RULES_BASE=$(free_ports 4) || fail "no four unused consecutive ports for part 3"
+  if [ $((RULES_BASE + 3)) -lt "$METRICS_BASE" ] || [ "$RULES_BASE" -gt $((METRICS_BASE + 1)) ]; then break; fi
+done
 cat >"$TMP/prometheus.yml" <<EOF
 global:
   scrape_interval: 1s
   scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $RULES
 scrape_configs:
   - job_name: ncclnet
     static_configs:
       - targets: ['127.0.0.1:$METRICS_BASE', '127.0.0.1:$((METRICS_BASE + 1))']
+  - job_name: ncclnet-rules
+    static_configs:
+      - targets: ['127.0.0.1:$RULES_BASE', '127.0.0.1:$((RULES_BASE + 1))', '127.0.0.1:$((RULES_BASE + 2))', '127.0.0.1:$((RULES_BASE + 3))']
 EOF
 promtool check config "$TMP/prometheus.yml" >/dev/null || fail "promtool rejects the generated config"
 # A port found unused can still be taken before Prometheus binds it; then it exits
@@ -160,7 +196,8 @@ prom_ready() { alive "$PROM_PID" && curl -fsS --max-time 2 "$PROM/-/ready" >/dev
 prom_ready_or_gone() { prom_ready || ! alive "$PROM_PID"; }
 for attempt in 1 2 3; do
   PROM_PORT=$(free_ports 1) || fail "no unused port for Prometheus"
-  if [ "$PROM_PORT" = "$METRICS_BASE" ] || [ "$PROM_PORT" = "$((METRICS_BASE + 1))" ]; then continue; fi
+  if [ "$PROM_PORT" -ge "$METRICS_BASE" ] && [ "$PROM_PORT" -le $((METRICS_BASE + 1)) ]; then continue; fi
+  if [ "$PROM_PORT" -ge "$RULES_BASE" ] && [ "$PROM_PORT" -le $((RULES_BASE + 3)) ]; then continue; fi
   start prometheus prometheus --config.file="$TMP/prometheus.yml" --storage.tsdb.path="$TMP/data" \
     --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn
   PROM_PID=$STARTED_PID
@@ -311,4 +348,90 @@ else
   [ -z "$leftover" ] || fail "files left in the textfile directory after the processes finalized: $leftover"
 fi
 log "textfile mode passed"
+
+########## 3. dashboard and alerting rules ##########
+# rules_json: the rules Prometheus loaded (one JSON object per line).
+rules_json() {
+  curl -fsS --max-time 5 "$PROM/api/v1/rules" | jq -c '.data.groups[].rules[]'
+}
+[ "$(rules_json | jq -r 'select(.type == "alerting") | .name' | sort | tr '\n' ' ')" = \
+  "NcclNetErrors NcclNetRankNotMovingData NcclNetStalledRequests " ] ||
+  fail "Prometheus did not load the three alerts of $RULES: $(rules_json | jq -r .name | tr '\n' ' ')"
+# returns PROMQL: the query gives at least one series or sample.
+returns() {
+  curl -fsS --max-time 5 --get --data-urlencode "query=$1" "$PROM/api/v1/query" >"$TMP/q.json" 2>/dev/null &&
+    jq -e '.status == "success" and (.data.result | length > 0)' "$TMP/q.json" >/dev/null
+}
+
+LOAD=("$HELPER" load --plugin "$PLUGIN" --duration "$LOAD_SECS")
+NCCL_GO_METRICS_PORT=$RULES_BASE NCCL_GO_STALL_WARN=1 \
+  start load-busy timeout $((LOAD_SECS + 60)) "${LOAD[@]}" --size 256K --pause 0.05 --stall 3 --inject-error
+BUSY_PID=$STARTED_PID
+NCCL_GO_METRICS_PORT=$((RULES_BASE + 2)) start load-idle timeout $((LOAD_SECS + 60)) "${LOAD[@]}" --idle
+IDLE_PID=$STARTED_PID
+log "part 3: a busy pair (ports $RULES_BASE, $((RULES_BASE + 1))) and a silent one ($((RULES_BASE + 2)), $((RULES_BASE + 3))) for $LOAD_SECS s"
+pairs_running() { alive "$BUSY_PID" && alive "$IDLE_PID"; }
+
+# Wait until the busy pair's stall and error are scraped and every alert's
+# expression returns data; each is then checked once more, with its name.
+alerts_ready() {
+  local q
+  while IFS= read -r q; do returns "$q" || return 1; done < <(rules_json | jq -r 'select(.type == "alerting") | .query')
+}
+ready_or_gone() { alerts_ready || ! pairs_running; }
+wait_until $((LOAD_SECS - 5)) ready_or_gone || true
+while IFS=$'\t' read -r name health query; do
+  [ "$health" = ok ] || fail "alert $name: Prometheus reports rule health $health"
+  returns "$query" || fail "alert $name returned no data from the live plugin: $query"
+  log "alert $name: expression returns data"
+done < <(rules_json | jq -r 'select(.type == "alerting") | [.name, .health, .query] | @tsv')
+pairs_running || fail "a load pair ended before the checks (see load-busy.log / load-idle.log)"
+
+# alert_active NAME MATCHER: ALERTS has NAME pending or firing for MATCHER.
+alert_active() { returns "ALERTS{alertname=\"$1\", alertstate=~\"pending|firing\"$2}"; }
+alert_active NcclNetStalledRequests ",instance=\"127.0.0.1:$RULES_BASE\",direction=\"recv\"" ||
+  fail "NcclNetStalledRequests is not active for the receiver that was held past NCCL_GO_STALL_WARN"
+alert_active NcclNetErrors ",instance=\"127.0.0.1:$RULES_BASE\"" ||
+  fail "NcclNetErrors is not active for the rank whose irecv the plugin refused"
+for p in $((RULES_BASE + 2)) $((RULES_BASE + 3)); do
+  alert_active NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\"" ||
+    fail "NcclNetRankNotMovingData is not active for the silent rank on port $p"
+done
+for p in "$RULES_BASE" $((RULES_BASE + 1)); do
+  ! alert_active NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\"" ||
+    fail "NcclNetRankNotMovingData is active for the busy rank on port $p"
+done
+log "alerts active as expected (stall and error on the busy receiver, not-moving on both silent ranks)"
+
+# Every dashboard query, with the variables as Grafana would fill them for
+# this job; template variable queries (label_values) as the series they read.
+n=0
+while IFS= read -r expr; do
+  q=${expr//\$__rate_interval/1m}
+  q=${q//\$__interval/15s}
+  q=${q//\$job/ncclnet-rules}
+  q=${q//\$instance/.*}
+  q=${q//\$device/.*}
+  if [[ "$q" =~ ^label_values\((.*),[[:space:]]*([a-z_]+)\)$ ]]; then
+    q="count by (${BASH_REMATCH[2]}) (${BASH_REMATCH[1]})"
+  fi
+  returns "$q" || fail "dashboard query returned no data from the live plugin: $expr (evaluated as: $q)"
+  n=$((n + 1))
+done < <(jq -r '.. | objects | select(has("expr")) | .expr' "$DASHBOARD"
+  jq -r '.templating.list[] | select(.type == "query") | (.query.query // .query)' "$DASHBOARD")
+[ "$n" -gt 10 ] || fail "found only $n queries in $DASHBOARD"
+log "dashboard: all $n queries return data"
+
+"$TOOL" top --once --interval 1s "127.0.0.1:$RULES_BASE-$((RULES_BASE + 3))" >"$TMP/top.txt" 2>&1 ||
+  { cat "$TMP/top.txt"; fail "ncclnet-go top --once failed"; }
+grep "4 of 4 endpoint(s) up" "$TMP/top.txt" >/dev/null || { cat "$TMP/top.txt"; fail "ncclnet-go top does not see the four ranks"; }
+# The sender is local rank 1 (port base + 1); column 5 is SEND GB/s.
+awk -v p="127.0.0.1:$((RULES_BASE + 1)) " 'index($0, p) == 1 && $5 + 0 > 0 { ok = 1 } END { exit !ok }' "$TMP/top.txt" ||
+  { cat "$TMP/top.txt"; fail "ncclnet-go top shows no send throughput for the busy sender"; }
+log "ncclnet-go top sees all four ranks and the busy pair's throughput"
+
+wait "$BUSY_PID" || fail "the busy load pair failed (rc $?)"
+wait "$IDLE_PID" || fail "the silent load pair failed (rc $?)"
+grep '^result=pass' "$TMP/load-busy.log" >/dev/null || fail "the busy pair did not report result=pass"
+log "dashboard and alerting rules passed"
 log "PASS"

@@ -1,16 +1,22 @@
 package myfabric
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
+
+// logPrefix starts your log lines and error messages (NCCL prints them among
+// its own, so say which plugin speaks).
+const logPrefix = "NET/MyFabric"
 
 // Transport is your fabric. The glue calls Init once per process, then
 // Devices/Properties, then Listen/Connect from several NCCL threads at once.
 type Transport struct {
 	mu  sync.Mutex
 	log nccl.Logger
+	env nccl.Env // settings, WARNing with your prefix
 	// TODO: discovered devices.
 }
 
@@ -25,11 +31,13 @@ func (t *Transport) Name() string { return "myfabric" }
 func (t *Transport) Init(ctx nccl.InitContext) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.log = ctx.Log
-	// TODO: probe the hardware; read settings with nccl.EnvInt/EnvString/...
-	// (never os.Getenv: NCCL sets some after the library is loaded).
-	if nccl.EnvBool(t.log, "NCCL_MYFABRIC_DISABLE", false) {
-		return nccl.ErrNoDevice
+	t.log = ctx.Logger() // never nil
+	t.env = nccl.Env{Log: t.log, Prefix: logPrefix}
+	// TODO: probe the hardware; read settings with t.env.Int/String/Bool/
+	// Duration at set-up time (never os.Getenv: NCCL sets some after the
+	// library is loaded).
+	if t.env.Bool("NCCL_MYFABRIC_DISABLE", false) {
+		return fmt.Errorf("%w: NCCL_MYFABRIC_DISABLE=1", nccl.ErrNoDevice)
 	}
 	return nil
 }
@@ -40,7 +48,7 @@ func (t *Transport) Devices() int { return 1 } // TODO
 // Properties describes device dev; the glue converts it for every API version.
 func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 	if dev != 0 {
-		return nccl.Properties{}, nccl.Errorf(nccl.InvalidArgument, "NET/MyFabric : no device %d", dev)
+		return nccl.Properties{}, nccl.Errorf(nccl.InvalidArgument, "%s : no device %d", logPrefix, dev)
 	}
 	return nccl.Properties{
 		Name:       "myfabric0", // TODO: the NIC's name; NCCL's topology key
@@ -49,12 +57,11 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		Speed:      100000, // Mbps
 		MaxComms:   65536,
 		MaxRecvs:   1, // raise once Irecv handles grouped receives
-		RailID:     nccl.IDUndef,
-		PlaneID:    nccl.IDUndef,
+		// RailID, PlaneID: leave unset unless the fabric has rails (nccl.KnownID).
 	}, nil
 }
 
-var errTODO = nccl.Errorf(nccl.InternalError, "NET/MyFabric : not implemented yet (this is the transport template)")
+var errTODO = nccl.Errorf(nccl.InternalError, "%s : not implemented yet (this is the transport template)", logPrefix)
 
 // Listen must not block: write what the peer needs into handle and return.
 func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) {

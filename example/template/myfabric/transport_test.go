@@ -2,6 +2,7 @@ package myfabric
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -27,4 +28,12 @@ func TestInitAndProperties(t *testing.T) {
 	t.Setenv("NCCL_MYFABRIC_DISABLE", "1")
 	assert.True(t, errors.Is(New().Init(nccl.InitContext{}), nccl.ErrNoDevice))
 	require.NoError(t, tr.Finalize())
+}
+
+// A malformed setting is a WARN in your transport's name, and the default.
+func TestSettingsWarnWithYourPrefix(t *testing.T) {
+	t.Setenv("NCCL_MYFABRIC_DISABLE", "maybe")
+	var out strings.Builder
+	require.NoError(t, New().Init(nccl.InitContext{Log: &nccl.WriterLogger{W: &out}}))
+	assert.True(t, strings.HasPrefix(out.String(), "WARN NET/MyFabric : ignoring NCCL_MYFABRIC_DISABLE=maybe"), out.String())
 }

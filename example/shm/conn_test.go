@@ -2,13 +2,16 @@ package shm
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +28,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childConnect())
 	case "listen":
 		os.Exit(childListen())
+	case "claim":
+		os.Exit(childClaim())
 	}
 	os.Exit(m.Run())
 }
@@ -61,6 +66,23 @@ func childConnect() int {
 	return 1
 }
 
+// childClaim starts a connect (claim and proof) and stops there: its parent
+// never accepts.
+func childClaim() int {
+	tr := childTransport()
+	var h nccl.Handle
+	raw, _ := hex.DecodeString(os.Getenv("SHM_TEST_HANDLE"))
+	copy(h[:], raw)
+	sc, err := tr.Connect(0, &h, nccl.ConnectOptions{})
+	if err != nil || sc != nil {
+		fmt.Fprintln(os.Stderr, "child claim:", sc, err)
+		return 1
+	}
+	fmt.Println("claimed")
+	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	return 0
+}
+
 // childListen prints a listen handle and waits to be killed.
 func childListen() int {
 	tr := childTransport()
@@ -76,38 +98,77 @@ func childListen() int {
 
 func startChild(t *testing.T, role string, env ...string) (*exec.Cmd, *bufio.Reader) {
 	t.Helper()
+	cmd, out, err := spawnChild(t, nil, role, env...)
+	require.NoError(t, err)
+	return cmd, out
+}
+
+// spawnChild starts this test binary as a peer process (TestMain's roles); it
+// is killed when t ends.
+func spawnChild(t *testing.T, attr *syscall.SysProcAttr, role string, env ...string) (*exec.Cmd, *bufio.Reader, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), append([]string{"SHM_TEST_CHILD=" + role}, env...)...)
 	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
+	cmd.SysProcAttr = attr
+	stdin, err := cmd.StdinPipe() // the child waits on it until the test ends
+	if err != nil {
+		return nil, nil, err
+	}
 	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, err
+	}
 	t.Cleanup(func() { _ = stdin.Close(); _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	return cmd, bufio.NewReader(out)
+	return cmd, bufio.NewReader(out), nil
 }
 
-func TestDeadSenderProcessFailsReceiveWithSystemError(t *testing.T) {
-	shmDir(t)
-	tr := newTransport(t)
+// acceptFromChild listens, starts a child connecting to it (role "connect"),
+// and accepts it.
+func acceptFromChild(t *testing.T, tr *Transport, attr *syscall.SysProcAttr) (*exec.Cmd, *recvComm) {
+	t.Helper()
 	var h nccl.Handle
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
-	defer l.Close()
-	cmd, out := startChild(t, "connect", "SHM_TEST_HANDLE="+hex.EncodeToString(h[:]))
+	t.Cleanup(func() { _ = l.Close() })
+	cmd, out, err := spawnChild(t, attr, "connect", "SHM_TEST_HANDLE="+hex.EncodeToString(h[:]))
+	if err != nil {
+		if attr != nil && errors.Is(err, syscall.EPERM) {
+			t.Skipf("cannot start a child in its own PID namespace (needs CAP_SYS_ADMIN): %v", err)
+		}
+		require.NoError(t, err)
+	}
 	var rc nccl.RecvComm
 	drive(t, "accept from the child", func() bool {
 		rc, err = l.Accept()
 		require.NoError(t, err)
 		return rc != nil
 	})
-	defer rc.Close()
+	t.Cleanup(func() { _ = rc.Close() })
 	line, err := out.ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, "connected\n", line)
-	r := rc.(*recvComm)
-	require.GreaterOrEqual(t, r.w.pidfd, 0, "same PID namespace: the peer is watched through a pidfd")
+	return cmd, rc.(*recvComm)
+}
+
+// waitStopped returns once the kernel reports pid stopped (state T).
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	drive(t, "SIGSTOP to take effect", func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		require.NoError(t, err)
+		// "pid (comm) state ...": the state follows the last ')'.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		return len(f) > 0 && f[0] == "T"
+	})
+}
+
+func TestDeadSenderProcessFailsReceiveWithSystemError(t *testing.T) {
+	shmDir(t)
+	cmd, r := acceptFromChild(t, newTransport(t), nil)
+	require.False(t, r.w.self, "the peer is another process, watched through its lock")
 	rid, err := r.Irecv([]nccl.RecvBuffer{{Data: ptr(make([]byte, 64)), Size: 64, Tag: 0}})
 	require.NoError(t, err)
 	require.NoError(t, cmd.Process.Kill())
@@ -124,6 +185,42 @@ func TestDeadSenderProcessFailsReceiveWithSystemError(t *testing.T) {
 	// The comm stays failed; it does not pretend to recover.
 	_, err = r.Irecv([]nccl.RecvBuffer{{Data: ptr(make([]byte, 8)), Size: 8}})
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+}
+
+// A frozen peer (SIGSTOP: a debugger, a checkpoint, a stuck rank) is alive:
+// its kernel still answers for it. Deciding that a rank hangs is NCCL's (or
+// the framework's) watchdog's job, so the receive keeps waiting however long
+// it takes; killing the peer still fails it at once. The peer runs in its own
+// PID namespace, where no pidfd can watch it: before the lock-based liveness,
+// shm fell back to a heartbeat there and declared a frozen peer dead after
+// NCCL_GO_SHM_PEER_TIMEOUT.
+func TestFrozenPeerInAnotherPIDNamespaceIsAlive(t *testing.T) {
+	shmDir(t)
+	t.Setenv("NCCL_GO_SHM_PEER_TIMEOUT", "0.2") // what the heartbeat used to allow
+	t.Setenv("NCCL_GO_TIMEOUT", "0.2")          // not a liveness limit: only bounds handshakes
+	cmd, r := acceptFromChild(t, newTransport(t), &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID})
+	require.False(t, r.w.self)
+	rid, err := r.Irecv([]nccl.RecvBuffer{{Data: ptr(make([]byte, 64)), Size: 64, Tag: 0}})
+	require.NoError(t, err)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	waitStopped(t, cmd.Process.Pid)
+	// Ten times the old heartbeat limit, polling as NCCL's progress thread does.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); {
+		done, err := r.Test(rid, []int{0})
+		require.NoError(t, err, "a frozen peer is not a dead one")
+		require.False(t, done)
+		runtime.Gosched()
+	}
+	require.NoError(t, r.w.check())
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	var testErr error
+	drive(t, "dead-peer detection", func() bool {
+		_, testErr = r.Test(rid, []int{0})
+		return testErr != nil
+	})
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(testErr))
+	assert.Contains(t, testErr.Error(), "exited")
 }
 
 func TestDeadListenerProcessFailsConnect(t *testing.T) {
@@ -147,38 +244,100 @@ func TestDeadListenerProcessFailsConnect(t *testing.T) {
 		return err != nil
 	})
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
-	tr.mu.Lock()
-	assert.Empty(t, tr.pending, "a failed connect releases its mapping")
-	tr.mu.Unlock()
+	assert.Zero(t, tr.pending.Len(), "a failed connect releases its mapping")
 }
 
-func TestHeartbeatDetectsAPeerWithoutPidfd(t *testing.T) {
+// A connector that dies between its claim and the listener's accept fails
+// the accept (ncclSystemError naming the process) instead of handing NCCL a
+// comm whose peer is already gone.
+func TestConnectorDyingDuringTheHandshakeFailsAccept(t *testing.T) {
 	shmDir(t)
-	s, r := connectPair(t, newTransport(t))
-	// Pretend the sender lives in another PID namespace: no pidfd, only its
-	// heartbeat tells it is alive. Then stop its heartbeat.
-	r.w.close()
-	r.w.pid = 1 << 22
-	r.w.timeout = int64(300 * time.Millisecond)
-	r.w.beatAt = now()
-	rid, err := r.Irecv([]nccl.RecvBuffer{{Data: ptr(make([]byte, 8)), Size: 8, Tag: 0}})
+	tr := newTransport(t)
+	var h nccl.Handle
+	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
-	// While it beats, it is alive.
-	for i := 0; i < 3; i++ {
-		time.Sleep(beatPeriod)
-		done, err := r.Test(rid, []int{0})
-		require.NoError(t, err)
-		require.False(t, done)
-		require.NoError(t, r.w.check(now()))
+	defer l.Close()
+	cmd, out := startChild(t, "claim", "SHM_TEST_HANDLE="+hex.EncodeToString(h[:]))
+	line, err := out.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "claimed\n", line)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	rc, err := l.Accept()
+	assert.Nil(t, rc)
+	require.Error(t, err)
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+	assert.Contains(t, err.Error(), fmt.Sprintf("process %d died during the handshake", cmd.Process.Pid))
+}
+
+// pollForError calls f, as NCCL polls connect or accept, until it fails; it
+// must return nothing meanwhile. 10 s bounds a broken transport, no speed
+// assertion.
+func pollForError[T any](t *testing.T, what string, f func() (T, error)) error {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 10*time.Second; {
+		v, err := f()
+		if err != nil {
+			return err
+		}
+		require.Zero(t, v, "%s returned a comm nobody should have given", what)
 	}
-	stopBeating(s.r)
-	var testErr error
-	drive(t, "heartbeat timeout", func() bool {
-		_, testErr = r.Test(rid, []int{0})
-		return testErr != nil
-	})
-	assert.Equal(t, nccl.SystemError, nccl.ResultOf(testErr))
-	assert.Contains(t, testErr.Error(), "NCCL_GO_SHM_PEER_TIMEOUT")
+	t.Fatalf("%s still pending after 10s", what)
+	return nil
+}
+
+// listenWithTimeout sets NCCL_GO_TIMEOUT to 300 ms and listens.
+func listenWithTimeout(t *testing.T) (*Transport, nccl.Listener, nccl.Handle) {
+	t.Helper()
+	shmDir(t)
+	t.Setenv("NCCL_GO_TIMEOUT", "0.3")
+	tr := newTransport(t)
+	var h nccl.Handle
+	l, err := tr.Listen(0, &h)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return tr, l, h
+}
+
+// A listener whose rank never accepts fails the connect after NCCL_GO_TIMEOUT
+// instead of leaving NCCL polling forever.
+func TestConnectIsBoundedByNCCLGoTimeout(t *testing.T) {
+	tr, _, h := listenWithTimeout(t)
+	err := pollForError(t, "connect", func() (any, error) { return tr.Connect(0, &h, nccl.ConnectOptions{}) })
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+	assert.Contains(t, err.Error(), "did not accept within 300ms (NCCL_GO_TIMEOUT)")
+	assert.Zero(t, tr.pending.Len(), "a failed connect releases its attempt")
+}
+
+// A claim that never turns into a proof (the connector is alive but stuck
+// mid-handshake) fails the accept after NCCL_GO_TIMEOUT.
+func TestAcceptOfAStuckHandshakeIsBounded(t *testing.T) {
+	_, l, h := listenWithTimeout(t)
+	_, _, path, err := decodeHandle(&h)
+	require.NoError(t, err)
+	// Claim the file as a connector would, and stop there.
+	r, err := openRegion(path)
+	require.NoError(t, err)
+	defer r.release()
+	require.NoError(t, lockSide(r.fd, sideSend))
+	writeSide(r.h, sideSend)
+	require.True(t, r.h.u32(offState).CompareAndSwap(stListening, stClaimed))
+	err = pollForError(t, "accept", func() (any, error) { return l.Accept() })
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+	assert.Contains(t, err.Error(), "did not finish the handshake within 300ms (NCCL_GO_TIMEOUT)")
+}
+
+func TestNonPositiveTimeoutTurnsDeadPeerChecksOffWithAWarn(t *testing.T) {
+	shmDir(t)
+	t.Setenv("NCCL_GO_TIMEOUT", "0")
+	var log strings.Builder
+	tr := New().(*Transport)
+	require.NoError(t, tr.Init(nccl.InitContext{Log: &nccl.WriterLogger{W: &log}}))
+	defer tr.Finalize()
+	assert.Contains(t, log.String(), "WARN NET/GoShm : NCCL_GO_TIMEOUT=0s: dead-peer detection is off")
+	s, r := connectPair(t, tr)
+	assert.True(t, s.w.off)
+	assert.True(t, r.w.off)
 }
 
 func TestWrongSecretIsRejectedAndTheRightPeerStillConnects(t *testing.T) {

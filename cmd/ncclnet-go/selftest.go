@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// helperName is the C program that loads the library (a Go program cannot
+// dlopen a Go c-shared library: two Go runtimes in one process).
+const helperName = "ncclnet-go-selftest"
+
+func runSelftest(c *cli, args []string) error {
+	fs := newFlags(c, "selftest", "[--transport ib|socket] [--size BYTES] [--iters N] [--plugin NAME|PATH] [--json]", `
+A node health check for a job prologue: two processes load the installed
+libnccl-net-go through its C ABI exactly as NCCL does (dlopen, then the
+ncclNetPlugin_vN table), connect, move --iters messages of --size bytes each
+way with every byte verified, then time a verified ping-pong. Prints GB/s per
+direction and the round-trip latency; exit status 0 means PASS, 1 FAIL.
+
+--plugin takes what NCCL_NET_PLUGIN takes and is resolved the same way: a
+path, or a name NCCL turns into libnccl-net-<name>.so on the library search
+path (default "go": the installed libnccl-net-go.so). The processes see the
+environment NCCL would give the plugin (NCCL_CONF_FILE or ~/.nccl.conf and
+/etc/nccl.conf fill in unset variables), minus the metrics exposure
+variables: a health check must not take a job's metrics ports.`)
+	transport := fs.String("transport", "", "force `ib` or socket (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
+	plugin := fs.String("plugin", "go", "library to load, as NCCL_NET_PLUGIN takes it: a `NAME` or a path")
+	size := fs.String("size", "64M", "`BYTES` per message, suffix K, M or G (at most 1G, NCCL's largest message)")
+	iters := fs.Int("iters", 8, "`N` messages each way")
+	latSize := fs.String("lat-size", "8", "`BYTES` per ping-pong message")
+	latIters := fs.Int("lat-iters", 1000, "`N` ping-pong round trips")
+	timeout := fs.Duration("timeout", 120*time.Second, "fail when the whole test takes longer than this `DURATION`")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	verbose := fs.Bool("v", false, "print what the plugin logged even when the test passes")
+	helper := fs.String("helper", "", "`PATH` of the "+helperName+" program (default: next to ncclnet-go, or in ../libexec/ncclnet-go)")
+	if err := fs.parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	switch *transport {
+	case "", "ib", "socket":
+	default:
+		return usagef("--transport %q: use ib or socket", *transport)
+	}
+	if _, err := parseSize(*size); err != nil {
+		return usagef("--size %s: %v", *size, err)
+	}
+	if _, err := parseSize(*latSize); err != nil {
+		return usagef("--lat-size %s: %v", *latSize, err)
+	}
+	if *iters < 1 || *iters > 1000000 {
+		return usagef("--iters %d: use 1 to 1000000", *iters)
+	}
+	if *latIters < 1 || *latIters > 100000 {
+		return usagef("--lat-iters %d: use 1 to 100000", *latIters)
+	}
+	if *timeout < 5*time.Second {
+		return usagef("--timeout %v: use at least 5s", *timeout)
+	}
+	if *plugin == "" {
+		return usagef("--plugin needs a name or a path")
+	}
+	if strings.Contains(*plugin, "/") {
+		if _, err := os.Stat(*plugin); err != nil {
+			return fmt.Errorf("--plugin %s: %v", *plugin, errors.Unwrap(err))
+		}
+	}
+	h, err := findHelper(c.exe, *helper)
+	if err != nil {
+		return err
+	}
+	argv := []string{"run", "--plugin", *plugin, "--size", *size, "--iters", strconv.Itoa(*iters),
+		"--lat-size", *latSize, "--lat-iters", strconv.Itoa(*latIters), "--timeout", strconv.Itoa(int(timeout.Seconds()))}
+	env := loadConf().environment(os.Environ())
+	env = withoutVars(env, "NCCL_GO_METRICS_PORT", "NCCL_GO_METRICS_TEXTFILE_DIR")
+	if *transport != "" {
+		env = append(withoutVars(env, "NCCL_GO_TRANSPORT"), "NCCL_GO_TRANSPORT="+*transport)
+	}
+	// The helper bounds itself; this bound only catches a helper that
+	// cannot even do that.
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout+time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, h, argv...)
+	cmd.Env = env
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	runErr := cmd.Run()
+	res := parseResult(stdout.String())
+	if res == nil {
+		msg := "the helper printed no result"
+		if runErr != nil {
+			msg = fmt.Sprintf("%s failed: %v", h, runErr)
+		}
+		if ctx.Err() != nil {
+			msg = fmt.Sprintf("%s did not finish within %v", h, *timeout+time.Minute)
+		}
+		if s := strings.TrimSpace(stderr.String()); s != "" {
+			fmt.Fprintln(c.stderr, s)
+		}
+		return errors.New(msg)
+	}
+	pass := res["result"] == "pass" && runErr == nil
+	if *transport != "" && pass && res["transport"] != *transport {
+		pass = false
+		res["result"], res["reason"] = "fail", fmt.Sprintf("asked for transport %s, the plugin used %s", *transport, res["transport"])
+	}
+	if *asJSON {
+		out := map[string]any{"pass": pass}
+		for k, v := range res {
+			if f, err := strconv.ParseFloat(v, 64); err == nil && k != "api" {
+				out[k] = f
+			} else {
+				out[k] = v
+			}
+		}
+		if err := printJSON(c.stdout, out); err != nil {
+			return err
+		}
+	} else {
+		printSelftest(c, res, pass)
+	}
+	if !pass || *verbose {
+		if s := strings.TrimSpace(stderr.String()); s != "" {
+			fmt.Fprintf(c.stderr, "plugin log:\n%s\n", s)
+		}
+	}
+	if !pass {
+		return failure{}
+	}
+	return nil
+}
+
+func printSelftest(c *cli, r map[string]string, pass bool) {
+	w := c.stdout
+	if !pass {
+		fmt.Fprintf(w, "ncclnet-go selftest: FAIL: %s\n", r["reason"])
+		if r["where"] != "" {
+			rank := r["rank"]
+			if rank == "-" || rank == "" {
+				rank = "before the processes started"
+			} else {
+				rank = "process " + rank
+			}
+			fmt.Fprintf(w, "  step      %s (%s)\n", r["where"], rank)
+		}
+		if r["library"] != "" {
+			fmt.Fprintf(w, "  library   %s\n", r["library"])
+		}
+		return
+	}
+	fmt.Fprintf(w, "ncclnet-go selftest: PASS\n")
+	fmt.Fprintf(w, "  library    %s (NCCL net name %q, API %s)\n", r["library"], r["net"], r["api"])
+	fmt.Fprintf(w, "  transport  %s, device 0 = %s (%s Mbps)\n", r["transport"], r["device"], r["speed_mbps"])
+	size, _ := strconv.Atoi(r["bytes"])
+	fmt.Fprintf(w, "  bandwidth  %s GB/s process 1->0, %s GB/s 0->1 (%s x %s each way, every byte verified)\n",
+		r["gbps_1to0"], r["gbps_0to1"], r["iters"], fmtBytes(size))
+	ls, _ := strconv.Atoi(r["lat_size"])
+	fmt.Fprintf(w, "  latency    round trip %s us median, %s us p99 (%s ping-pongs of %s, verified)\n",
+		r["rtt_median_us"], r["rtt_p99_us"], r["lat_iters"], fmtBytes(ls))
+}
+
+// parseResult reads the helper's last "result=..." line: key=value words,
+// where a failure's reason runs to the end of the line.
+func parseResult(out string) map[string]string {
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "result=") {
+			line = l
+		}
+	}
+	if line == "" {
+		return nil
+	}
+	m := map[string]string{}
+	if i := strings.Index(line, " reason="); i >= 0 {
+		m["reason"] = strings.TrimSpace(line[i+len(" reason="):])
+		line = line[:i]
+	}
+	for _, w := range strings.Fields(line) {
+		if k, v, ok := strings.Cut(w, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// findHelper looks for the helper where make and the packages install it.
+func findHelper(exe, flagPath string) (string, error) {
+	if flagPath != "" {
+		if err := isExecutable(flagPath); err != nil {
+			return "", fmt.Errorf("--helper %s: %v", flagPath, err)
+		}
+		return flagPath, nil
+	}
+	var tried []string
+	if exe != "" {
+		if real, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = real
+		}
+		dir := filepath.Dir(exe)
+		tried = append(tried, filepath.Join(dir, helperName), filepath.Join(dir, "..", "libexec", "ncclnet-go", helperName))
+	}
+	tried = append(tried, filepath.Join("/usr/libexec/ncclnet-go", helperName))
+	for _, p := range tried {
+		if isExecutable(p) == nil {
+			return filepath.Clean(p), nil
+		}
+	}
+	return "", fmt.Errorf("cannot find %s (looked for %s); install the package again, or pass --helper PATH", helperName, strings.Join(uniq(tried), ", "))
+}
+
+func isExecutable(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		return errors.Unwrap(err)
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return errors.New("not an executable file")
+	}
+	return nil
+}
+
+func uniq(s []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, x := range s {
+		x = filepath.Clean(x)
+		if !seen[x] {
+			seen[x] = true
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func withoutVars(env []string, names ...string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		drop := false
+		for _, n := range names {
+			drop = drop || k == n
+		}
+		if !drop {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// parseSize reads a byte count with an optional K, M or G (binary) suffix,
+// 1 byte to 1 GiB (NCCL never sends more in one message).
+func parseSize(s string) (int64, error) {
+	mult := int64(1)
+	t := strings.TrimSpace(s)
+	if n := len(t); n > 0 {
+		switch t[n-1] {
+		case 'k', 'K':
+			mult, t = 1<<10, t[:n-1]
+		case 'm', 'M':
+			mult, t = 1<<20, t[:n-1]
+		case 'g', 'G':
+			mult, t = 1<<30, t[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(t, 10, 64)
+	if err != nil || v < 1 || v > (1<<30)/mult {
+		return 0, errors.New("expected 1 byte to 1G, with an optional K, M or G suffix")
+	}
+	return v * mult, nil
+}
+
+func fmtBytes(n int) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}

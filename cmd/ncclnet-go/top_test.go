@@ -1,0 +1,107 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestExpandAddr(t *testing.T) {
+	for in, want := range map[string][]string{
+		"9400":                   {"http://127.0.0.1:9400/metrics"},
+		":9400":                  {"http://127.0.0.1:9400/metrics"},
+		"node1:9400-9402":        {"http://node1:9400/metrics", "http://node1:9401/metrics", "http://node1:9402/metrics"},
+		"[::1]:9400":             {"http://[::1]:9400/metrics"},
+		"http://x:1/custom/path": {"http://x:1/custom/path"},
+	} {
+		got, err := expandAddr(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"node1", "node1:0", "node1:9402-9400", "node1:1-1000", "x:70000"} {
+		_, err := expandAddr(in)
+		assert.Error(t, err, in)
+	}
+}
+
+// exposition is what a rank's /metrics serves after n scrapes: the sender
+// moved 1 GB per scrape, one error and one stall appear on the second.
+func exposition(rank string, n int64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# TYPE ncclnet_info gauge\nncclnet_info{go_version=\"go1.26\",local_rank=%q,nccl_net_api=\"v12\",transport=\"ib\",version=\"0.1.0\"} 1\n", rank)
+	lbl := func(dir string) string {
+		return fmt.Sprintf(`device="mlx5_0",direction=%q,local_rank=%q,port="1",transport="ib"`, dir, rank)
+	}
+	errs, stalls := int64(0), int64(0)
+	if n >= 2 {
+		errs, stalls = 1, 1
+	}
+	fmt.Fprintf(&b, "# TYPE ncclnet_bytes_total counter\nncclnet_bytes_total{%s} %d\nncclnet_bytes_total{%s} 0\n", lbl("send"), n*1e9, lbl("recv"))
+	fmt.Fprintf(&b, "# TYPE ncclnet_messages_total counter\nncclnet_messages_total{%s} %d\nncclnet_messages_total{%s} 0\n", lbl("send"), n*1000, lbl("recv"))
+	fmt.Fprintf(&b, "# TYPE ncclnet_requests_in_flight gauge\nncclnet_requests_in_flight{%s} 3\nncclnet_requests_in_flight{%s} 0\n", lbl("send"), lbl("recv"))
+	fmt.Fprintf(&b, "# TYPE ncclnet_connections_open gauge\nncclnet_connections_open{%s} 2\nncclnet_connections_open{%s} 2\n", lbl("send"), lbl("recv"))
+	fmt.Fprintf(&b, "# TYPE ncclnet_stalled_requests_total counter\nncclnet_stalled_requests_total{%s} %d\nncclnet_stalled_requests_total{%s} 0\n", lbl("send"), stalls, lbl("recv"))
+	fmt.Fprintf(&b, "# TYPE ncclnet_errors_total counter\nncclnet_errors_total{%s,kind=\"remote\"} %d\n", lbl("send"), errs)
+	fmt.Fprintf(&b, "# TYPE ncclnet_request_duration_seconds histogram\n")
+	fmt.Fprintf(&b, "ncclnet_request_duration_seconds_bucket{%s,le=\"+Inf\"} %d\nncclnet_request_duration_seconds_sum{%s} %g\nncclnet_request_duration_seconds_count{%s} %d\n",
+		lbl("send"), n*1000, lbl("send"), float64(n)*1000*250e-6, lbl("send"), n*1000)
+	return b.String()
+}
+
+func TestTopOnce(t *testing.T) {
+	testEnv(t, nil)
+	var scrapes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := scrapes.Add(1)
+		fmt.Fprint(w, exposition("3", n))
+	}))
+	defer srv.Close()
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "up 1\n") }))
+	defer other.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	out, errOut, code := runCmd(t, "top", "--once", "--interval", "200ms", host, strings.TrimPrefix(other.URL, "http://"), "127.0.0.1:1")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	assert.NotContains(t, out, "\x1b[", "--once prints no terminal control codes")
+	assert.Contains(t, out, "1 of 3 endpoint(s) up")
+	lines := strings.Split(out, "\n")
+	var row string
+	for _, l := range lines {
+		if strings.HasPrefix(l, host+" ") {
+			row = l
+		}
+	}
+	require.NotEmpty(t, row, out)
+	f := strings.Fields(row)
+	// ENDPOINT RANK DEVICE TRANSPORT SEND RECV MSG/s INFLIGHT CONNS LAT ERRORS [(+n)] STALLS [(+n)] SENT RECEIVED
+	assert.Equal(t, []string{host, "3", "mlx5_0:1", "ib"}, f[:4])
+	send, err := strconv.ParseFloat(f[4], 64)
+	require.NoError(t, err)
+	// 1 GB moved between the two scrapes, taken 200 ms apart (plus the
+	// scrape itself): between 1 and 5 GB/s.
+	assert.Greater(t, send, 1.0)
+	assert.LessOrEqual(t, send, 5.0)
+	assert.Equal(t, "0.000", f[5])
+	assert.Equal(t, "3/0", f[7])
+	assert.Equal(t, "2/2", f[8])
+	assert.Equal(t, "250.0us", f[9], "mean latency of the requests completed between the scrapes")
+	assert.Regexp(t, regexp.MustCompile(`  1 \(\+1\)  1 \(\+1\)  1\.9 GiB  0 B$`), row)
+	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(strings.TrimPrefix(other.URL, "http://"))+` +- +- +- +answers, but exposes no ncclnet_info`, out)
+	assert.Regexp(t, `(?m)^127\.0\.0\.1:1 +- +- +- +connection refused$`, out)
+
+	_, errOut, code = runCmd(t, "top", "--once", "--interval", "100ms", "127.0.0.1:1")
+	assert.Equal(t, 1, code, "no endpoint answered")
+	assert.Contains(t, errOut, "no metrics endpoint answered")
+}
+
+func TestDeltaOfARestartedCounter(t *testing.T) {
+	assert.Equal(t, 5.0, delta(15, 10))
+	assert.Equal(t, 3.0, delta(3, 10), "a counter that went down was reset: all of it is new")
+}

@@ -1,0 +1,62 @@
+package ib
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
+)
+
+type fixedIfaces []ncclsock.Interface
+
+func (f fixedIfaces) Interfaces() ([]ncclsock.Interface, error) { return f, nil }
+
+func TestOOBInterfaceSelection(t *testing.T) {
+	p := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+	hostInterfaces.Set(t, fixedIfaces{
+		{Name: "lo", Up: true, Running: true, Addrs: []netip.Prefix{p("127.0.0.1/8"), p("::1/128")}},
+		{Name: "lo1", Up: true, Running: true, Addrs: []netip.Prefix{p("127.0.1.1/8")}},
+		{Name: "docker0", Up: true, Running: true, Addrs: []netip.Prefix{p("172.17.0.1/16")}},
+		{Name: "eth0", Up: true, Running: true, Addrs: []netip.Prefix{p("fe80::1/64"), p("2001:db8::2/64"), p("10.0.0.2/24")}},
+		{Name: "ib0", Up: true, Running: true, Addrs: []netip.Prefix{p("192.168.1.2/24")}},
+	})
+	log := &captureLog{}
+	pick := func() (string, string) {
+		n, ad, err := findOOBInterface(log)
+		if err != nil {
+			return "", err.Error()
+		}
+		return n, ad.String()
+	}
+	setEnv(t, "NCCL_SOCKET_IFNAME", "")
+	n, ad := pick()
+	assert.Equal(t, []string{"ib0", "192.168.1.2"}, []string{n, ad}, "ib* first")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "^ib,lo")
+	n, ad = pick()
+	assert.Equal(t, []string{"docker0", "172.17.0.1"}, []string{n, ad}, "exclusion list; lo is a prefix (lo1 too)")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "eth")
+	n, ad = pick()
+	assert.Equal(t, []string{"eth0", "10.0.0.2"}, []string{n, ad}, "IPv4 before IPv6, as NCCL's getifaddrs walk (was 2001:db8::2)")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "eth", "NCCL_SOCKET_FAMILY", "AF_INET6")
+	_, ad = pick()
+	assert.Equal(t, "2001:db8::2", ad, "link-local skipped")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "=eth")
+	_, ad = pick()
+	assert.Contains(t, ad, "NCCL_SOCKET_IFNAME==eth")
+	setEnv(t, "NCCL_SOCKET_IFNAME", "e") // one character: ignored, like NCCL
+	n, _ = pick()
+	assert.Equal(t, "ib0", n)
+	// A port that is not a number no longer makes ib unavailable: NCCL
+	// ignores ports in interface lists; a WARN says what it read.
+	setEnv(t, "NCCL_SOCKET_IFNAME", "eth0:x")
+	n, _ = pick()
+	assert.Equal(t, "eth0", n)
+	assert.True(t, log.has(`WARN NET/GoIB : NCCL_SOCKET_IFNAME=eth0:x: port "x"`), log.String())
+	// Default search: lo* after docker, by prefix as NCCL (ib matched only "lo").
+	hostInterfaces.Set(t, fixedIfaces{{Name: "lo1", Up: true, Running: true, Addrs: []netip.Prefix{p("127.0.1.1/8")}}})
+	setEnv(t, "NCCL_SOCKET_IFNAME", "")
+	n, _ = pick()
+	assert.Equal(t, "lo1", n)
+}

@@ -1,0 +1,181 @@
+package ncclenv
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// cInteger splits s the way C's strto*(…, 0) chooses a base: "0x"/"0X" hex,
+// a leading "0" octal, else decimal. The whole string must be digits of that
+// base (NCCL rejects trailing characters); Go's extras (underscores, 0b, 0o)
+// are not accepted, so a value means what it means to NCCL.
+func cInteger(s string) (neg bool, mag uint64, err error) {
+	if s == "" {
+		return false, 0, errSyntax
+	}
+	switch s[0] {
+	case '-':
+		neg, s = true, s[1:]
+	case '+':
+		s = s[1:]
+	}
+	base := 10
+	switch {
+	case len(s) > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X'):
+		base, s = 16, s[2:]
+	case len(s) > 1 && s[0] == '0':
+		base, s = 8, s[1:]
+	}
+	if s == "" || strings.ContainsAny(s, "_+-") {
+		return neg, 0, errSyntax
+	}
+	mag, err = strconv.ParseUint(s, base, 64)
+	if errors.Is(err, strconv.ErrRange) {
+		return neg, 0, errRange
+	}
+	if err != nil {
+		return neg, 0, errSyntax
+	}
+	return neg, mag, nil
+}
+
+var (
+	errSyntax = errors.New("not a number")
+	errRange  = errors.New("out of range")
+)
+
+// ParseInt reads s as NCCL reads an integer parameter (strtoll base 0):
+// decimal, 0x hex or 0-prefixed octal, with an optional sign.
+func ParseInt(s string) (int64, error) {
+	neg, mag, err := cInteger(s)
+	if err != nil {
+		if err == errRange {
+			return 0, fmt.Errorf("%q is out of range for a 64-bit integer", s)
+		}
+		return 0, fmt.Errorf("%q is not an integer (decimal, 0x hex or 0-prefixed octal)", s)
+	}
+	if neg {
+		if mag > 1<<63 {
+			return 0, fmt.Errorf("%q is out of range for a 64-bit integer", s)
+		}
+		return -int64(mag), nil // -(1<<63) wraps to itself: correct
+	}
+	if mag > math.MaxInt64 {
+		return 0, fmt.Errorf("%q is out of range for a 64-bit integer", s)
+	}
+	return int64(mag), nil
+}
+
+// ParseUint64 reads s as NCCL reads NCCL_SOCKET_MAGIC (strtoull base 0):
+// decimal, 0x hex or 0-prefixed octal, up to 2^64-1. Unlike strtoull it
+// refuses a minus sign (which C would silently wrap) and overflow (which C
+// would silently saturate).
+func ParseUint64(s string) (uint64, error) {
+	neg, mag, err := cInteger(s)
+	switch {
+	case err == errRange:
+		return 0, fmt.Errorf("%q is larger than 2^64-1", s)
+	case err != nil:
+		return 0, fmt.Errorf("%q is not an unsigned integer (decimal, 0x hex or 0-prefixed octal)", s)
+	case neg && mag != 0:
+		return 0, fmt.Errorf("%q is negative; expected an unsigned 64-bit integer", s)
+	}
+	return mag, nil
+}
+
+// ParseBool reads a switch. NCCL's switches are integers where anything
+// non-zero is on; the words true/false, yes/no, on/off, y/n (any case) are
+// accepted too.
+func ParseBool(s string) (bool, error) {
+	switch strings.ToLower(s) {
+	case "true", "yes", "on", "y":
+		return true, nil
+	case "false", "no", "off", "n":
+		return false, nil
+	}
+	n, err := ParseInt(s)
+	if err != nil {
+		return false, fmt.Errorf("%q is not a boolean (0 or 1, or true/false, yes/no, on/off)", s)
+	}
+	return n != 0, nil
+}
+
+// ParseDuration reads a bare number in unit (NCCL's own variables are plain
+// numbers such as NCCL_SOCKET_RETRY_SLEEP_MSEC; fractions are allowed) or a Go
+// duration ("90s", "1.5m").
+func ParseDuration(s string, unit time.Duration) (time.Duration, error) {
+	if n, err := ParseInt(s); err == nil {
+		d := float64(n) * float64(unit)
+		if math.Abs(d) > math.MaxInt64 {
+			return 0, fmt.Errorf("%q is out of range", s)
+		}
+		return time.Duration(d), nil
+	}
+	if f, err := strconv.ParseFloat(s, 64); err == nil && !strings.ContainsAny(s, "xXpP_") {
+		d := f * float64(unit)
+		if math.IsNaN(d) || math.IsInf(d, 0) || math.Abs(d) > math.MaxInt64 {
+			return 0, fmt.Errorf("%q is out of range", s)
+		}
+		return time.Duration(d), nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number of %s or a duration such as 1.5s", s, unitName(unit))
+	}
+	return d, nil
+}
+
+var unitNames = map[time.Duration]string{
+	time.Nanosecond: "nanoseconds", time.Microsecond: "microseconds", time.Millisecond: "milliseconds",
+	time.Second: "seconds", time.Minute: "minutes", time.Hour: "hours",
+}
+
+func unitName(u time.Duration) string {
+	if n, ok := unitNames[u]; ok {
+		return n
+	}
+	return "units of " + u.String()
+}
+
+// Family is an IP address family selection.
+type Family int
+
+const (
+	AnyFamily Family = 0
+	IPv4      Family = 4
+	IPv6      Family = 6
+)
+
+// familyNames are the only spellings NCCL accepts.
+var familyNames = map[Family]string{IPv4: "AF_INET", IPv6: "AF_INET6"}
+
+func (f Family) String() string {
+	if n, ok := familyNames[f]; ok {
+		return n
+	}
+	return "any"
+}
+
+// ParseFamily reads NCCL_SOCKET_FAMILY / NCCL_IB_ADDR_FAMILY. NCCL compares
+// with strcmp, so only the exact names count: "af_inet" or "IPv4" select
+// nothing in NCCL, and are an error here (the caller WARNs and keeps its
+// default, as NCCL silently does).
+func ParseFamily(s string) (Family, error) {
+	for f, name := range familyNames {
+		if s == name {
+			return f, nil
+		}
+	}
+	hint := ""
+	switch strings.ToUpper(s) {
+	case "AF_INET", "INET", "IPV4":
+		hint = " (write AF_INET: NCCL compares the exact name)"
+	case "AF_INET6", "INET6", "IPV6":
+		hint = " (write AF_INET6: NCCL compares the exact name)"
+	}
+	return AnyFamily, fmt.Errorf("%q is not AF_INET or AF_INET6%s", s, hint)
+}

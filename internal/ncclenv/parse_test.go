@@ -1,0 +1,119 @@
+package ncclenv
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// C's strtoll(s, &end, 0) with *end == '\0' required, as NCCL_PARAM reads.
+func TestParseIntIsStrtollBase0(t *testing.T) {
+	for in, want := range map[string]int64{
+		"0": 0, "42": 42, "-42": -42, "+7": 7,
+		"0x1f": 31, "0X1F": 31, "-0x10": -16,
+		"010": 8, "0777": 511, "00": 0, // a leading 0 is octal, as in C
+		"9223372036854775807":  math.MaxInt64,
+		"-9223372036854775808": math.MinInt64,
+	} {
+		got, err := ParseInt(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "x", "0x", "08", "1_000", "0b101", "0o17", "12a", "1.5", "--1", "+-1", "9223372036854775808", "-9223372036854775809", "0x8000000000000000"} {
+		_, err := ParseInt(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+	_, err := ParseInt("9223372036854775808")
+	assert.ErrorContains(t, err, "out of range")
+	_, err = ParseInt("12a")
+	assert.ErrorContains(t, err, "not an integer")
+}
+
+// NCCL_SOCKET_MAGIC: strtoull(env, &end, 0), whole string.
+func TestParseUint64IsStrtoull(t *testing.T) {
+	for in, want := range map[string]uint64{
+		"12345":                12345,
+		"0x564ab9f2fc4b9d6c":   0x564ab9f2fc4b9d6c,
+		"0XABCDEF0123456789":   0xabcdef0123456789,
+		"0xffffffffffffffff":   math.MaxUint64, // signed parsing (the old ib reader) refused these
+		"18446744073709551615": math.MaxUint64,
+		"9223372036854775808":  1 << 63,
+		"017":                  15,
+		"-0":                   0,
+	} {
+		got, err := ParseUint64(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "0x", "0xZZ", "magic", "12a", "-1", "18446744073709551616", "0x10000000000000000"} {
+		_, err := ParseUint64(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+	_, err := ParseUint64("-1")
+	assert.ErrorContains(t, err, "negative")
+	_, err = ParseUint64("18446744073709551616")
+	assert.ErrorContains(t, err, "2^64-1")
+}
+
+func TestParseBool(t *testing.T) {
+	for in, want := range map[string]bool{
+		"1": true, "0": false, "2": true, "-1": true, "0x10": true, "00": false, // NCCL: any non-zero integer is on
+		"true": true, "FALSE": false, "yes": true, "No": false, "on": true, "off": false, "y": true, "n": false,
+	} {
+		got, err := ParseBool(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, bad := range []string{"", "maybe", "1.0", "enable"} {
+		_, err := ParseBool(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+func TestParseDuration(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		unit time.Duration
+		want time.Duration
+	}{
+		{"100", time.Millisecond, 100 * time.Millisecond},
+		{"1.5", time.Second, 1500 * time.Millisecond},
+		{"0", time.Second, 0},
+		{"-1", time.Second, -time.Second},
+		{"90s", time.Millisecond, 90 * time.Second},
+		{"2m", time.Second, 2 * time.Minute},
+		{"500ms", time.Second, 500 * time.Millisecond},
+		{"1e3", time.Millisecond, time.Second},
+	} {
+		got, err := ParseDuration(c.in, c.unit)
+		require.NoError(t, err, c.in)
+		assert.Equal(t, c.want, got, c.in)
+	}
+	for _, bad := range []string{"", "soon", "1.5.5", "inf", "NaN", "1e300", "0x1p3", "10 s"} {
+		_, err := ParseDuration(bad, time.Second)
+		assert.Error(t, err, bad)
+	}
+	_, err := ParseDuration("soon", time.Millisecond)
+	assert.ErrorContains(t, err, "milliseconds")
+}
+
+func TestParseFamilyIsExactLikeNCCL(t *testing.T) {
+	f, err := ParseFamily("AF_INET")
+	require.NoError(t, err)
+	assert.Equal(t, IPv4, f)
+	f, err = ParseFamily("AF_INET6")
+	require.NoError(t, err)
+	assert.Equal(t, IPv6, f)
+	for _, bad := range []string{"af_inet", "INET", "IPv6", "AF_UNIX", ""} {
+		f, err := ParseFamily(bad)
+		assert.Error(t, err, bad)
+		assert.Equal(t, AnyFamily, f)
+	}
+	_, err = ParseFamily("ipv6")
+	assert.ErrorContains(t, err, "write AF_INET6")
+	assert.Equal(t, "AF_INET", IPv4.String())
+	assert.Equal(t, "any", AnyFamily.String())
+}

@@ -1,0 +1,5 @@
+package fixture
+
+import "unsafe"
+
+var _ = unsafe.Sizeof(0)

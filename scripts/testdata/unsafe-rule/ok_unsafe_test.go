@@ -1,0 +1,8 @@
+package fixture
+
+import (
+	"testing"
+	"unsafe"
+)
+
+func TestX(t *testing.T) { _ = unsafe.Sizeof(t) }

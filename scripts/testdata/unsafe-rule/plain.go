@@ -1,0 +1,5 @@
+package fixture
+
+import "unsafe" // a violation: not named *_unsafe.go
+
+var _ = unsafe.Sizeof(0)
