@@ -216,6 +216,9 @@ bool past_deadline(rank_t* r);
 
 /* ------------------------------------------------------------ commands */
 
+/* faults.c: parses its own arguments (argv[2] is the scenario). */
+int cmd_faults(int argc, char** argv);
+
 typedef struct {
   const char* plugin;
   int versions[HARNESS_MAX_VERSIONS];

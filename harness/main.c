@@ -7,6 +7,7 @@
  *   ncclnet-harness concurrent  --plugin PATH [--versions 10,11,12] [--threads N] [--iters N] [--size BYTES]
  *
  * Exit status is 0 only when everything that ran passed.
+ * `ncclnet-harness faults SCENARIO ...` (faults.c) parses its own arguments.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -40,7 +41,8 @@ static void usage(FILE* f) {
           "      Run it against a -race build of a Go plugin to find data races (make concurrent-race).\n"
           "  --version defaults to the newest ncclNetPlugin_vN the library exports.\n"
           "  The plugin's WARN lines go to stderr (NCCL_DEBUG=INFO or TRACE shows more,\n"
-          "  NCCL_DEBUG=VERSION hides them); results go to stdout.\n");
+          "  NCCL_DEBUG=VERSION hides them); results go to stdout.\n"
+          "  ncclnet-harness faults SCENARIO --plugin PATH [...]: fault injection (faults --help).\n");
 }
 
 static int parse_versions(const char* s, opts_t* o) {
@@ -85,6 +87,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* cmd = argv[1];
+  if (!strcmp(cmd, "faults")) return cmd_faults(argc, argv);
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;
