@@ -146,7 +146,9 @@ func recvSlice(fd int, b []byte) (int, bool, error) {
 	return recvInto(fd, unsafe.Pointer(unsafe.SliceData(b)), len(b))
 }
 
-func sendSlice(fd int, b []byte) (int, error) { return sendFrom(fd, unsafe.Pointer(unsafe.SliceData(b)), len(b)) }
+func sendSlice(fd int, b []byte) (int, error) {
+	return sendFrom(fd, unsafe.Pointer(unsafe.SliceData(b)), len(b))
+}
 
 // tcpInfo reads TCP_INFO into a caller-owned struct (x/sys's helper
 // allocates one per call; the liveness check runs on the data path).
