@@ -165,6 +165,34 @@ func (m *hello) encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[32:], m.connID)
 }
 
+// helloVerdict is what a listener makes of a hello.
+type helloVerdict int
+
+const (
+	helloOK helloVerdict = iota
+	helloBadMagic
+	helloBadVersion
+	helloBadSecret
+	helloBadLayout
+)
+
+// checkHello judges a hello against the listener's own handle: a stream
+// joins a connection only with the right magic, version and secret, and an
+// index the announced layout has.
+func checkHello(m hello, want handleInfo) helloVerdict {
+	switch {
+	case m.magic != want.magic:
+		return helloBadMagic
+	case m.version != protoVersion:
+		return helloBadVersion
+	case m.secret != want.secret:
+		return helloBadSecret
+	case m.streams != want.streams || (m.index != ctrlIndex && m.index != beatIndex && m.index >= m.streams):
+		return helloBadLayout
+	}
+	return helloOK
+}
+
 // decodeHello reads a hello; b must hold helloLen bytes. The listener checks
 // the fields (greeting.check).
 func decodeHello(b []byte) hello {

@@ -200,25 +200,21 @@ func (l *listener) readHellos(t int64) {
 // file checks a complete hello and adds its stream to its connection.
 func (l *listener) file(g *greeting, t int64) {
 	m := decodeHello(g.buf[:])
-	bad := ""
-	switch {
-	case m.magic != l.info.magic:
+	bad := checkHello(m, l.info)
+	switch bad {
+	case helloBadMagic:
 		l.log.Warnf("NET/GoSocket : discarding connection from %s to %s: socket magic %#x, expected %#x "+
 			"(another job, or a different %s)", g.peer, l.addr, m.magic, l.info.magic, envMagic)
-		bad = "magic"
-	case m.version != protoVersion:
+	case helloBadVersion:
 		l.log.Warnf("NET/GoSocket : discarding connection from %s: protocol version %d, this library speaks %d "+
 			"(use the same libnccl-net-go on every host)", g.peer, m.version, protoVersion)
-		bad = "version"
-	case m.secret != l.info.secret:
+	case helloBadSecret:
 		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: wrong listen secret (a stale or foreign connection)", g.peer, l.addr)
-		bad = "secret"
-	case m.streams != l.info.streams || (m.index != ctrlIndex && m.index != beatIndex && m.index >= m.streams):
+	case helloBadLayout:
 		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s: stream %d of %d, expected %d streams", g.peer, m.index, m.streams, l.info.streams)
-		bad = "layout"
 	}
 	var err error
-	if bad == "" {
+	if bad == helloOK {
 		if m.index == beatIndex {
 			err = setupLiveness(g.fd, l.opts.live)
 		} else {
@@ -228,7 +224,7 @@ func (l *listener) file(g *greeting, t int64) {
 			l.log.Warnf("NET/GoSocket : setting socket options on the connection from %s: %v", g.peer, err)
 		}
 	}
-	if bad != "" || err != nil {
+	if bad != helloOK || err != nil {
 		unix.Close(g.fd)
 		return
 	}
