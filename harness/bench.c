@@ -42,9 +42,16 @@ typedef struct {
   const opts_t* o;
   int version;
   bool lat, bw;
+  /* the sizes this run measures: the lists above, or --size alone */
+  const size_t* lat_sizes;
+  int nlat;
+  const size_t* bw_sizes;
+  int nbw;
+  int iters; /* --iters: ping-pongs per latency round, 0 = by size */
 } bench_arg_t;
 
 typedef struct {
+  const bench_arg_t* a;
   rank_t* r;
   net_t* n;
   link_t* l;
@@ -209,11 +216,14 @@ err:
   return -1;
 }
 
-static int lat_iters(size_t sz) { return sz <= 4096 ? 2000 : sz <= 32768 ? 1000 : sz <= 262144 ? 300 : 100; }
+static int lat_iters(const bench_arg_t* a, size_t sz) {
+  if (a->iters > 0) return a->iters;
+  return sz <= 4096 ? 2000 : sz <= 32768 ? 1000 : sz <= 262144 ? 300 : 100;
+}
 
 /* One latency measurement: rank 0 gets the median and p99 round trip. */
 static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p99, usage_t u[2]) {
-  int iters = lat_iters(sz), warm = iters / 10;
+  int iters = lat_iters(b->a, sz), warm = iters / 10;
   double* v = calloc((size_t)iters, sizeof *v);
   if (ctl_barrier(b->r, 60)) {
     snprintf(b->why, sizeof b->why, "lost the other rank before a latency run");
@@ -397,9 +407,9 @@ typedef struct {
   usage_t u[NBWM][ROUNDS][2];
 } bw_res_t;
 
-static int bw_index(size_t sz) {
-  for (int i = 0; i < NBW; i++)
-    if (BW_SIZES[i] == sz) return i;
+static int bw_index(const bench_arg_t* a, size_t sz) {
+  for (int i = 0; i < a->nbw; i++)
+    if (a->bw_sizes[i] == sz) return i;
   return -1;
 }
 
@@ -417,8 +427,8 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
            "%8s %5s | %8s %8s %15s | %8s %8s %15s | %8s %8s %15s | %6s %6s\n",
            ROUNDS, "size", "iters", "plugin", "p99", "cpu/thr", "poll", "p99", "cpu/thr", "block", "p99", "cpu/thr",
            "p/poll", "p/blk");
-  for (int i = 0; i < NLAT; i++) {
-    size_t sz = LAT_SIZES[i];
+  for (int i = 0; i < b->a->nlat; i++) {
+    size_t sz = b->a->lat_sizes[i];
     lat_res_t* lr = &res[i];
     for (int round = 0; round < ROUNDS; round++)
       for (int m = 0; m < NLATM; m++) {
@@ -434,7 +444,7 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
       p99[m] = median3(lr->p99[m]);
       usage_str(us[m], sizeof us[m], lr->u[m][median_round(lr->med[m])]);
     }
-    printf("%8s %5d | %8.2f %8.2f %15s | %8.2f %8.2f %15s | %8.2f %8.2f %15s | %6.2f %6.2f\n", s1, lat_iters(sz),
+    printf("%8s %5d | %8.2f %8.2f %15s | %8.2f %8.2f %15s | %8.2f %8.2f %15s | %6.2f %6.2f\n", s1, lat_iters(b->a, sz),
            med[0], p99[0], us[0], med[1], p99[1], us[1], med[2], p99[2], us[2], med[1] > 0 ? med[0] / med[1] : 0,
            med[2] > 0 ? med[0] / med[2] : 0);
   }
@@ -450,8 +460,8 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
            "%8s %5s | %7s %15s | %7s %15s | %7s %15s | %7s %7s\n",
            ROUNDS, WINDOW, "size", "msgs", "plugin", "cpu/thr", "TCP x1", "cpu/thr", "TCP x4", "cpu/thr", "p/TCP1",
            "p/TCP4");
-  for (int i = 0; i < NBW; i++) {
-    size_t sz = BW_SIZES[i];
+  for (int i = 0; i < b->a->nbw; i++) {
+    size_t sz = b->a->bw_sizes[i];
     bw_res_t* br = &res[i];
     for (int round = 0; round < ROUNDS; round++)
       for (int m = 0; m < NBWM; m++) {
@@ -475,7 +485,7 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
 /* The ratios issue #10 sets targets for, from this run's figures. */
 static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_res_t* bw) {
   printf("\nsummary (ratios against baselines measured in this run):\n");
-  if (a->lat) {
+  if (a->lat && a->lat_sizes[0] == 8) {
     const lat_res_t* l8 = &lat[0];
     double pm = median3(l8->med[LAT_PLUGIN]), pp = median3(l8->p99[LAT_PLUGIN]);
     double poll = median3(l8->med[LAT_TCP_POLL]);
@@ -485,17 +495,21 @@ static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_r
   if (a->bw) {
     static const size_t x4[] = {1 << 20, 4 << 20, 64 << 20};
     for (int k = 0; k < 3; k++) {
-      const bw_res_t* r = &bw[bw_index(x4[k])];
+      if (bw_index(a, x4[k]) < 0) continue;
+      const bw_res_t* r = &bw[bw_index(a, x4[k])];
       double p = median3(r->gbs[BW_PLUGIN]), t = median3(r->gbs[BW_TCP4]);
       char what[80], s1[32];
       fmt_size(s1, sizeof s1, x4[k]);
       snprintf(what, sizeof what, "%s bandwidth, plugin / TCP x4", s1);
       print_verdict(what, t > 0 ? p / t : 0, 1.0, true);
     }
-    const bw_res_t* r64 = &bw[bw_index(64 << 10)];
-    double p = median3(r64->gbs[BW_PLUGIN]), t = median3(r64->gbs[BW_TCP1]);
-    print_verdict("64 KiB bandwidth, plugin / TCP x1", t > 0 ? p / t : 0, 1.0, true);
-    const bw_res_t* r1 = &bw[bw_index(1 << 20)];
+    if (bw_index(a, 64 << 10) >= 0) {
+      const bw_res_t* r64 = &bw[bw_index(a, 64 << 10)];
+      double p = median3(r64->gbs[BW_PLUGIN]), t = median3(r64->gbs[BW_TCP1]);
+      print_verdict("64 KiB bandwidth, plugin / TCP x1", t > 0 ? p / t : 0, 1.0, true);
+    }
+    if (bw_index(a, 1 << 20) < 0) return;
+    const bw_res_t* r1 = &bw[bw_index(a, 1 << 20)];
     const usage_t* u = r1->u[BW_PLUGIN][median_round(r1->gbs[BW_PLUGIN])];
     char what[80];
     snprintf(what, sizeof what, "1 MiB streaming, receiver CPU %% (%d threads)", u[0].threads);
@@ -513,7 +527,7 @@ static int bench_rank(rank_t* r, void* arg) {
   net_t n;
   hprops_t p;
   link_t l = {0};
-  bench_t b = {.r = r, .n = &n, .l = &l};
+  bench_t b = {.a = a, .r = r, .n = &n, .l = &l};
   lat_res_t* lat = calloc(NLAT, sizeof *lat);
   bw_res_t* bw = calloc(NBW, sizeof *bw);
   for (int i = 0; i < 1 + NSTREAMS; i++) b.tcp[i] = -1;
@@ -555,7 +569,7 @@ static int bench_rank(rank_t* r, void* arg) {
       }
     }
   }
-  size_t maxsz = a->bw ? BW_SIZES[NBW - 1] : LAT_SIZES[NLAT - 1];
+  size_t maxsz = a->bw ? a->bw_sizes[a->nbw - 1] : a->lat_sizes[a->nlat - 1];
   b.slot = (maxsz + 4095) & ~(size_t)4095;
   size_t alen = b.slot * WINDOW;
   b.arena = buf_alloc(alen);
@@ -609,7 +623,16 @@ int cmd_bench(const opts_t* o) {
     return 1;
   }
   memset(s->text, 0, sizeof s->text);
-  bench_arg_t a = {o, v, strcmp(o->bench_what, "bw") != 0, strcmp(o->bench_what, "lat") != 0};
+  bench_arg_t a = {o, v, strcmp(o->bench_what, "bw") != 0, strcmp(o->bench_what, "lat") != 0,
+                   LAT_SIZES, NLAT, BW_SIZES, NBW, o->iters_set ? o->iters : 0};
+  if (o->size_set) {
+    if (o->size == 0 || o->size > (1ull << 30)) {
+      fprintf(stderr, "bench: --size must be 1 B to 1 GiB\n");
+      return 2;
+    }
+    a.lat_sizes = a.bw_sizes = &o->size;
+    a.nlat = a.nbw = 1;
+  }
   double limit = o->timeout > 0 ? o->timeout : 1800;
   pair_outcome_t out;
   if (run_pair(s, bench_rank, &a, limit, limit + 10, &out) != 0) return 2;

@@ -208,6 +208,7 @@ typedef struct {
   int version;        /* transfer / bench */
   size_t size;
   int iters;
+  int size_set, iters_set; /* bench: given on the command line */
   double linger;
   const char* bench_what;
   const char* only;   /* conformance: comma-separated check names to run (NULL = all) */

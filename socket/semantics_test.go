@@ -350,3 +350,83 @@ func TestDataFDsOutsideNetpoller(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, n, 2*3, "expected the control and data sockets of both ends")
 }
+
+// TestAbortLeaksNothing: finalize and close at every stage NCCL can reach
+// them (ncclCommAbort racing connection set-up, requests in flight), 1000
+// rounds: afterwards not one goroutine or descriptor more than before.
+func TestAbortLeaksNothing(t *testing.T) {
+	rounds := 1000
+	if testing.Short() {
+		rounds = 200
+	}
+	withEnv(t, map[string]string{envNThreads: "2", envHelpers: "2", nccl.EnvTimeout: "5"})
+	bh := blackhole(t)
+	runtime.GC()
+	g0, fd0 := runtime.NumGoroutine(), openFDs(t)
+	src := make([]byte, 256<<10)
+	dst := make([]byte, 256<<10)
+	for i := 0; i < rounds; i++ {
+		tr := newLoopback()
+		require.NoError(t, tr.Init(nccl.InitContext{Log: &captureLog{}}))
+		var h nccl.Handle
+		l, err := tr.Listen(0, &h)
+		require.NoError(t, err)
+		stage := i % 6
+		var s nccl.SendComm
+		var r nccl.RecvComm
+		switch stage {
+		case 0: // listener closed before anyone connected
+			require.NoError(t, l.Close())
+		case 1: // finalize right after the first connect call
+			ch := h
+			s, err = tr.Connect(0, &ch, nccl.ConnectOptions{})
+			require.NoError(t, err)
+		case 2: // finalize while connect and accept are being polled
+			ch := h
+			for k := 0; k < 3 && (s == nil || r == nil); k++ {
+				if s == nil {
+					s, err = tr.Connect(0, &ch, nccl.ConnectOptions{})
+					require.NoError(t, err)
+				}
+				if r == nil {
+					r, err = l.Accept()
+					require.NoError(t, err)
+				}
+			}
+		case 3: // a connect to a black hole, pending
+			bhh := handleFor(t, bh, 2)
+			s, err = tr.Connect(0, &bhh, nccl.ConnectOptions{})
+			require.NoError(t, err)
+			require.Nil(t, s)
+		case 4, 5: // requests in flight both ways, then close and finalize
+			s, r = connectAccept(t, tr, l, h)
+			require.NoError(t, l.Close())
+			_, err = r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: len(dst), Tag: 1}})
+			require.NoError(t, err)
+			for k := 0; k < 3; k++ {
+				q, err := s.Isend(bufPtr(src), len(src), 1, 0)
+				require.NoError(t, err)
+				if k == 0 && stage == 5 {
+					s.Test(q)
+				}
+			}
+		}
+		// NCCL closes the comms it was handed, then finalizes.
+		if s != nil {
+			require.NoError(t, s.Close())
+		}
+		if r != nil {
+			require.NoError(t, r.Close())
+		}
+		require.NoError(t, tr.Finalize())
+		// Calls after finalize fail cleanly.
+		if stage == 1 {
+			_, err = tr.Listen(0, &h)
+			require.Error(t, err)
+		}
+	}
+	assert.LessOrEqual(t, runtime.NumGoroutine(), g0, "goroutines leaked")
+	assert.LessOrEqual(t, openFDs(t), fd0, "descriptors leaked")
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+}
