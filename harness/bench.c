@@ -431,7 +431,7 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
     size_t sz = b->a->lat_sizes[i];
     lat_res_t* lr = &res[i];
     for (int round = 0; round < ROUNDS; round++)
-      for (int m = 0; m < NLATM; m++) {
+      for (int m = 0; m < (b->a->o->plugin_only ? 1 : NLATM); m++) {
         set_where(r, "latency %zu B, %s, round %d", sz, LAT_NAME[m], round + 1);
         if (run_lat(b, m, sz, &lr->med[m][round], &lr->p99[m][round], lr->u[m][round])) return -1;
       }
@@ -464,7 +464,7 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
     size_t sz = b->a->bw_sizes[i];
     bw_res_t* br = &res[i];
     for (int round = 0; round < ROUNDS; round++)
-      for (int m = 0; m < NBWM; m++) {
+      for (int m = 0; m < (b->a->o->plugin_only ? 1 : NBWM); m++) {
         set_where(r, "bandwidth %zu B, %s, round %d", sz, BW_NAME[m], round + 1);
         if (run_bw(b, m, sz, &br->gbs[m][round], br->u[m][round])) return -1;
       }

@@ -209,6 +209,7 @@ typedef struct {
   size_t size;
   int iters;
   int size_set, iters_set; /* bench: given on the command line */
+  int plugin_only;          /* bench: no TCP baselines */
   double linger;
   const char* bench_what;
   const char* only;   /* conformance: comma-separated check names to run (NULL = all) */

@@ -3,7 +3,7 @@
  *
  *   ncclnet-harness conformance --plugin PATH [--versions 8,9,10,11,12] [--timeout SEC]
  *   ncclnet-harness transfer    --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]
- *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [lat|bw|all]
+ *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [--plugin-only] [lat|bw|all]
  *
  * Exit status is 0 only when everything that ran passed.
  */
@@ -27,13 +27,14 @@ static void usage(FILE* f) {
           "      Moves SIZE bytes (default 64M) ITERS times (default 16) from one process to\n"
           "      another with 8 requests in flight, verifies every byte and prints GB/s.\n"
           "      --linger keeps both processes (and their comms) alive SEC seconds afterwards.\n"
-          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [lat|bw|all]\n"
+          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [--plugin-only] [lat|bw|all]\n"
           "      Latency (ping-pong round trip, 8 B..1 MiB) and bandwidth (8 in flight,\n"
           "      64 KiB..64 MiB) through the plugin, driven as NCCL's proxy drives it\n"
           "      (sched_yield when a pass made no progress), next to plain TCP sockets\n"
           "      (busy-polled and blocking ping-pong; 1 and 4 streams): medians of 3\n"
           "      alternating rounds, each process's CPU %% and threads, plugin/TCP ratios.\n"
-          "      --size runs that one size only; --iters sets the ping-pongs per round.\n"
+          "      --size runs that one size only; --iters sets the ping-pongs per round;\n"
+          "      --plugin-only skips the TCP baselines (to profile the plugin alone).\n"
           "  --version defaults to the newest ncclNetPlugin_vN the library exports.\n"
           "  The plugin's WARN lines go to stderr (NCCL_DEBUG=INFO or TRACE shows more,\n"
           "  NCCL_DEBUG=VERSION hides them); results go to stdout.\n");
@@ -133,6 +134,8 @@ int main(int argc, char** argv) {
       o.iters_set = 1;
     } else if (!strcmp(a, "--linger")) {
       NEED_VALUE if (parse_double(a, v, &o.linger) != 0) return 2;
+    } else if (!strcmp(cmd, "bench") && !strcmp(a, "--plugin-only")) {
+      o.plugin_only = 1;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
       o.verbose = 1;
     } else if (!strcmp(cmd, "bench") && (!strcmp(a, "lat") || !strcmp(a, "bw") || !strcmp(a, "all"))) {
