@@ -26,16 +26,16 @@
 #define WINDOW 8
 #define NSTREAMS 4
 #define ROUNDS 3
-#define BW_BYTES (512ull << 20) /* per size, method and round */
+#define BW_BYTES (1ull << 30) /* per size, method and round: about 0.2 s at 5 GB/s */
 
 static const size_t LAT_SIZES[] = {8, 64, 512, 4096, 32768, 262144, 1048576};
 static const size_t BW_SIZES[] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
 #define NLAT ((int)(sizeof LAT_SIZES / sizeof LAT_SIZES[0]))
 #define NBW ((int)(sizeof BW_SIZES / sizeof BW_SIZES[0]))
 
-enum { LAT_PLUGIN, LAT_TCP_POLL, LAT_TCP_BLOCK, NLATM };
+enum { LAT_PLUGIN, LAT_TCP_POLL, LAT_TCP_POLL2, LAT_TCP_BLOCK, NLATM };
 enum { BW_PLUGIN, BW_TCP1, BW_TCP4, NBWM };
-static const char* LAT_NAME[NLATM] = {"plugin", "TCP poll", "TCP block"};
+static const char* LAT_NAME[NLATM] = {"plugin", "TCP poll", "TCP poll2", "TCP block"};
 static const char* BW_NAME[NBWM] = {"plugin", "TCP x1", "TCP x4"};
 
 typedef struct {
@@ -199,16 +199,20 @@ static int plugin_pingpong(bench_t* b, size_t sz, double* rtt_us) {
   return 0;
 }
 
-static int tcp_pingpong(bench_t* b, size_t sz, bool poll, double* rtt_us) {
-  int fd = b->tcp[0];
+/* One ping-pong round over plain TCP. Two connections: the ping goes on one,
+ * the pong on the other, as with NCCL's send and receive comms (each one-way
+ * connection then acknowledges every message with a packet of its own,
+ * where one connection carries acknowledgements on the replies). */
+static int tcp_pingpong(bench_t* b, size_t sz, bool poll, bool two, double* rtt_us) {
+  int ping = b->tcp[0], pong = two ? b->tcp[1] : b->tcp[0];
   int (*snd)(int, const void*, size_t) = poll ? tcp_send_poll : tcp_send_all;
   int (*rcv)(int, void*, size_t) = poll ? tcp_recv_poll : tcp_recv_all;
   uint64_t t0 = now_ns();
   if (b->r->rank == 0) {
-    if (snd(fd, b->arena, sz) || rcv(fd, b->arena + b->slot, sz)) goto err;
+    if (snd(ping, b->arena, sz) || rcv(pong, b->arena + b->slot, sz)) goto err;
     *rtt_us = (double)(now_ns() - t0) / 1e3;
   } else {
-    if (rcv(fd, b->arena + b->slot, sz) || snd(fd, b->arena, sz)) goto err;
+    if (rcv(ping, b->arena + b->slot, sz) || snd(pong, b->arena, sz)) goto err;
   }
   return 0;
 err:
@@ -234,7 +238,8 @@ static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p9
   for (int i = -warm; i < iters; i++) {
     if (i == 0) meter_start(&m);
     double rtt = 0;
-    int rc = method == LAT_PLUGIN ? plugin_pingpong(b, sz, &rtt) : tcp_pingpong(b, sz, method == LAT_TCP_POLL, &rtt);
+    int rc = method == LAT_PLUGIN ? plugin_pingpong(b, sz, &rtt)
+                                  : tcp_pingpong(b, sz, method != LAT_TCP_BLOCK, method == LAT_TCP_POLL2, &rtt);
     if (rc) {
       free(v);
       return -1;
@@ -393,10 +398,6 @@ static int run_bw(bench_t* b, int method, size_t sz, double* gbs, usage_t u[2]) 
 
 /* ------------------------------------------------------------- reporting */
 
-static void usage_str(char* out, size_t len, const usage_t u[2]) {
-  snprintf(out, len, "%3.0f%%/%-2d %3.0f%%/%-2d", u[0].cpu, u[0].threads, u[1].cpu, u[1].threads);
-}
-
 typedef struct {
   double med[NLATM][ROUNDS], p99[NLATM][ROUNDS];
   usage_t u[NLATM][ROUNDS][2];
@@ -420,64 +421,68 @@ static void print_verdict(const char* what, double v, double target, bool higher
 
 static int bench_lat(bench_t* b, lat_res_t* res) {
   rank_t* r = b->r;
+  int nm = b->a->o->plugin_only ? 1 : NLATM;
   if (r->rank == 0)
-    printf("\nlatency: ping-pong round trip, microseconds, median of %d alternating rounds; plugin driven NCCL-style\n"
-           "(test, sched_yield when not done); TCP poll = non-blocking send/recv, sched_yield on EAGAIN;\n"
-           "TCP block = blocking send/recv. cpu%%/threads: rank 0 then rank 1 over the measured interval.\n"
-           "%8s %5s | %8s %8s %15s | %8s %8s %15s | %8s %8s %15s | %6s %6s\n",
-           ROUNDS, "size", "iters", "plugin", "p99", "cpu/thr", "poll", "p99", "cpu/thr", "block", "p99", "cpu/thr",
-           "p/poll", "p/blk");
+    printf("\nlatency: ping-pong round trip, microseconds, median of %d alternating rounds (p99: median of the\n"
+           "rounds' p99s). plugin: driven NCCL-style (test, sched_yield when not done). TCP poll: non-blocking\n"
+           "send/recv, sched_yield on EAGAIN, one connection. TCP poll2: the same over two one-way connections,\n"
+           "ping on one and pong on the other, as NCCL's send and receive comms are. TCP block: blocking\n"
+           "send/recv, one connection. cpu%%/threads of each rank over the measured interval.\n"
+           "%8s %6s  %-10s %9s %9s %14s %14s %12s\n",
+           ROUNDS, "size", "iters", "method", "median", "p99", "rank 0", "rank 1", "plugin/this");
   for (int i = 0; i < b->a->nlat; i++) {
     size_t sz = b->a->lat_sizes[i];
     lat_res_t* lr = &res[i];
     for (int round = 0; round < ROUNDS; round++)
-      for (int m = 0; m < (b->a->o->plugin_only ? 1 : NLATM); m++) {
+      for (int m = 0; m < nm; m++) {
         set_where(r, "latency %zu B, %s, round %d", sz, LAT_NAME[m], round + 1);
         if (run_lat(b, m, sz, &lr->med[m][round], &lr->p99[m][round], lr->u[m][round])) return -1;
       }
     if (r->rank != 0) continue;
-    char s1[32], us[NLATM][40];
-    double med[NLATM], p99[NLATM];
+    char s1[32];
     fmt_size(s1, sizeof s1, sz);
-    for (int m = 0; m < NLATM; m++) {
-      med[m] = median3(lr->med[m]);
-      p99[m] = median3(lr->p99[m]);
-      usage_str(us[m], sizeof us[m], lr->u[m][median_round(lr->med[m])]);
+    double pm = median3(lr->med[LAT_PLUGIN]);
+    for (int m = 0; m < nm; m++) {
+      double med = median3(lr->med[m]), p99 = median3(lr->p99[m]);
+      const usage_t* u = lr->u[m][median_round(lr->med[m])];
+      char ratio[32] = "";
+      if (m != LAT_PLUGIN && med > 0) snprintf(ratio, sizeof ratio, "%.2f", pm / med);
+      printf("%8s %6d  %-10s %9.2f %9.2f %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", m == 0 ? s1 : "", lat_iters(b->a, sz),
+             LAT_NAME[m], med, p99, u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
     }
-    printf("%8s %5d | %8.2f %8.2f %15s | %8.2f %8.2f %15s | %8.2f %8.2f %15s | %6.2f %6.2f\n", s1, lat_iters(b->a, sz),
-           med[0], p99[0], us[0], med[1], p99[1], us[1], med[2], p99[2], us[2], med[1] > 0 ? med[0] / med[1] : 0,
-           med[2] > 0 ? med[0] / med[2] : 0);
   }
   return 0;
 }
 
 static int bench_bw(bench_t* b, bw_res_t* res) {
   rank_t* r = b->r;
+  int nm = b->a->o->plugin_only ? 1 : NBWM;
   if (r->rank == 0)
-    printf("\nbandwidth: rank 1 sends to rank 0, GB/s (1e9 B/s), median of %d alternating rounds; plugin with %d\n"
-           "requests in flight, driven NCCL-style; TCP x1 = one blocking socket; TCP x4 = 4 sockets, a thread each,\n"
-           "every message striped in 4. cpu%%/threads: rank 0 (receiver) then rank 1 (sender).\n"
-           "%8s %5s | %7s %15s | %7s %15s | %7s %15s | %7s %7s\n",
-           ROUNDS, WINDOW, "size", "msgs", "plugin", "cpu/thr", "TCP x1", "cpu/thr", "TCP x4", "cpu/thr", "p/TCP1",
-           "p/TCP4");
+    printf("\nbandwidth: rank 1 sends to rank 0, GB/s (1e9 B/s), median of %d alternating rounds. plugin: %d\n"
+           "requests in flight, driven NCCL-style. TCP x1: one blocking socket. TCP x4: 4 sockets, a thread each\n"
+           "per side, every message striped in 4. cpu%%/threads of rank 0 (receiver) and rank 1 (sender).\n"
+           "%8s %6s  %-10s %9s %14s %14s %12s\n",
+           ROUNDS, WINDOW, "size", "msgs", "method", "GB/s", "rank 0", "rank 1", "plugin/this");
   for (int i = 0; i < b->a->nbw; i++) {
     size_t sz = b->a->bw_sizes[i];
     bw_res_t* br = &res[i];
     for (int round = 0; round < ROUNDS; round++)
-      for (int m = 0; m < (b->a->o->plugin_only ? 1 : NBWM); m++) {
+      for (int m = 0; m < nm; m++) {
         set_where(r, "bandwidth %zu B, %s, round %d", sz, BW_NAME[m], round + 1);
         if (run_bw(b, m, sz, &br->gbs[m][round], br->u[m][round])) return -1;
       }
     if (r->rank != 0) continue;
-    char s1[32], us[NBWM][40];
-    double g[NBWM];
+    char s1[32];
     fmt_size(s1, sizeof s1, sz);
-    for (int m = 0; m < NBWM; m++) {
-      g[m] = median3(br->gbs[m]);
-      usage_str(us[m], sizeof us[m], br->u[m][median_round(br->gbs[m])]);
+    double pg = median3(br->gbs[BW_PLUGIN]);
+    for (int m = 0; m < nm; m++) {
+      double g = median3(br->gbs[m]);
+      const usage_t* u = br->u[m][median_round(br->gbs[m])];
+      char ratio[32] = "";
+      if (m != BW_PLUGIN && g > 0) snprintf(ratio, sizeof ratio, "%.2f", pg / g);
+      printf("%8s %6d  %-10s %9.3f %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", m == 0 ? s1 : "", bw_count(sz), BW_NAME[m], g,
+             u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
     }
-    printf("%8s %5d | %7.3f %15s | %7.3f %15s | %7.3f %15s | %7.2f %7.2f\n", s1, bw_count(sz), g[0], us[0], g[1],
-           us[1], g[2], us[2], g[1] > 0 ? g[0] / g[1] : 0, g[2] > 0 ? g[0] / g[2] : 0);
   }
   return 0;
 }
@@ -488,8 +493,10 @@ static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_r
   if (a->lat && a->lat_sizes[0] == 8) {
     const lat_res_t* l8 = &lat[0];
     double pm = median3(l8->med[LAT_PLUGIN]), pp = median3(l8->p99[LAT_PLUGIN]);
-    double poll = median3(l8->med[LAT_TCP_POLL]);
+    double poll = median3(l8->med[LAT_TCP_POLL]), poll2 = median3(l8->med[LAT_TCP_POLL2]);
     print_verdict("8 B round trip, plugin / TCP poll", poll > 0 ? pm / poll : 0, 1.5, false);
+    printf("  %-52s %7.2f  (TCP's own cost of NCCL's one-way comms: poll2 / poll = %.2f)\n",
+           "8 B round trip, plugin / TCP poll over 2 connections", poll2 > 0 ? pm / poll2 : 0, poll > 0 ? poll2 / poll : 0);
     print_verdict("8 B round trip, plugin p99 / median", pm > 0 ? pp / pm : 0, 3.0, false);
   }
   if (a->bw) {
