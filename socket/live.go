@@ -33,14 +33,17 @@ import (
 type liveness struct {
 	fd     int
 	pol    livePolicy
-	next   int64 // monotonic time of the next check
-	pingAt int64 // when the outstanding ping was written; 0 when none
-	closed bool  // the peer closed its end (EOF or reset)
+	next   int64  // monotonic time of the next check
+	pingAt int64  // when the outstanding ping was written; 0 when none
+	closed bool   // the peer closed its end (EOF or reset)
+	calls  uint32 // checkLive calls, for reading the clock only every liveClockEvery
 	info   unix.TCPInfo
 	buf    [64]byte
 	// Counters for tests and docs: checks run, pings written.
 	checks, pings uint64
 }
+
+const liveClockEvery = 16
 
 // liveState is what a check found.
 type liveState int
