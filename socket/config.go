@@ -244,13 +244,13 @@ func livePolicyFor(timeout time.Duration) livePolicy {
 	return p
 }
 
-// partialTimeout bounds how long a listener keeps a connection whose streams
-// have not all arrived: as long as its connector may still be retrying them
-// (a connector gives up NCCL_GO_TIMEOUT after it started, before its first
-// stream arrived here).
-func partialTimeout(timeout, hello time.Duration, pol retry) time.Duration {
+// setupBound is how long connection set-up may wait for a peer: connect,
+// and a listener's half-open connections. NCCL_GO_TIMEOUT; when that is off
+// (<= 0, which only disables dead-peer detection), its default, so that no
+// set-up waits forever.
+func setupBound(timeout time.Duration) time.Duration {
 	if timeout > 0 {
 		return timeout
 	}
-	return max(pol.span(), hello)
+	return nccl.DefaultTimeout
 }

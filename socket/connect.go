@@ -4,7 +4,6 @@ import (
 	"errors"
 	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -52,8 +51,7 @@ type connectOp struct {
 	opts  sockOpts
 	pol   retry
 	start int64
-	// deadline: NCCL_GO_TIMEOUT after start; 0 when the timeout is off,
-	// and then the kernel's SYN retries and NCCL's retry count bound it.
+	// deadline: NCCL_GO_TIMEOUT after start (its default when it is off).
 	deadline int64
 
 	mu      sync.Mutex
@@ -77,9 +75,7 @@ func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connect
 	}
 	op.sa = sockaddrOf(hi.addr, scope)
 	op.addr = dialAddr(hi, d)
-	if op.opts.timeout > 0 {
-		op.deadline = op.start + int64(op.opts.timeout)
-	}
+	op.deadline = op.start + int64(setupBound(op.opts.timeout))
 	h := hello{magic: magic(log), version: protoVersion, streams: hi.streams, secret: hi.secret, connID: id}
 	op.socks = make([]dialSock, 2+hi.streams)
 	for i := range op.socks {
@@ -182,16 +178,17 @@ func (op *connectOp) step() {
 		op.done = true
 		return
 	}
-	if op.deadline != 0 && t >= op.deadline {
+	if t >= op.deadline {
 		why := "no answer (SYNs unanswered: the host is down, or a firewall drops them)"
 		if op.lastErr != nil {
 			why = "last error: " + op.lastErr.Error()
 		}
+		bound := setupBound(op.opts.timeout)
 		op.log.Warnf("NET/GoSocket : connect to %s: %d of %d streams connected within %s=%v; %s; check that the peer "+
 			"is alive and that %s selects an interface that can reach it", op.addr, done, len(op.socks),
-			nccl.EnvTimeout, op.opts.timeout, why, envIfname)
+			nccl.EnvTimeout, bound, why, envIfname)
 		op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: not connected within %s=%v (%s)", op.addr,
-			nccl.EnvTimeout, op.opts.timeout, why))
+			nccl.EnvTimeout, bound, why))
 	}
 }
 
@@ -296,6 +293,3 @@ func fdHint(err error) string {
 	}
 	return ""
 }
-
-// retrySpan is how long NCCL's retry policy alone may keep a connect going.
-func (r retry) span() time.Duration { return r.sleep * time.Duration(r.cnt*(r.cnt+1)/2) }

@@ -68,7 +68,10 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 	streams := streamCount(t.log)
 	l := &listener{t: t, log: t.log, opts: readSockOpts(t.log, streams), conns: map[uint64]*incoming{}}
 	l.hello = int64(helloTimeout(t.log))
-	l.partial = int64(partialTimeout(l.opts.timeout, helloTimeout(t.log), retryPolicy(t.log)))
+	// A connector gives up setupBound after it started, before its first
+	// stream arrived here: a connection still incomplete that long after
+	// its first stream never will be.
+	l.partial = int64(setupBound(l.opts.timeout))
 	bind := netip.AddrPortFrom(d.addr.WithZone(""), 0)
 	fd, err := newSocket(bind, l.opts)
 	if err == nil {

@@ -430,3 +430,24 @@ func TestAbortLeaksNothing(t *testing.T) {
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(dst)
 }
+
+// TestTimeoutOffStillBoundsSetup: NCCL_GO_TIMEOUT=0 turns off dead-host
+// detection only; connection set-up stays bounded (by the timeout's default).
+func TestTimeoutOffStillBoundsSetup(t *testing.T) {
+	assert.Equal(t, 3*time.Second, setupBound(3*time.Second))
+	assert.Equal(t, nccl.DefaultTimeout, setupBound(0))
+	assert.Equal(t, nccl.DefaultTimeout, setupBound(-time.Second))
+	withEnv(t, map[string]string{nccl.EnvTimeout: "0"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	assert.Contains(t, log.String(), "never detected", "turning detection off deserves a WARN")
+	bh := handleFor(t, blackhole(t), 0)
+	_, err := tr.Connect(0, &bh, nccl.ConnectOptions{})
+	require.NoError(t, err)
+	id, _ := pendingConn(&bh)
+	tr.mu.Lock()
+	op := tr.pending[id]
+	tr.mu.Unlock()
+	require.NotNil(t, op)
+	assert.Equal(t, op.start+int64(nccl.DefaultTimeout), op.deadline, "a black hole must still end the connect")
+}
