@@ -36,6 +36,9 @@ type recvReq struct {
 const (
 	stageSize = 128 << 10
 	directMin = 4096
+	// bypassMin: after an inline message this large, the next header is
+	// read alone (fill) so its payload is not staged and copied.
+	bypassMin = 64 << 10
 )
 
 // recvComm is the receiving end. Like sendComm, all of it but the helpers
@@ -61,6 +64,7 @@ type recvComm struct {
 	curOff  int
 	curLeft int
 	expect  uint32 // sequence number of the next header
+	bigNext bool   // the last matched message had a large inline payload
 	polls   uint32
 	// ctrlEOF: the sender closed its end. Messages already on the wire are
 	// still delivered (the sender closes once its sends are handed to the
@@ -111,9 +115,9 @@ func (r *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	return nccl.Request(id), nil
 }
 
-// fill reads what the control stream has into the staging buffer; false when
-// nothing came (or the connection failed).
-func (r *recvComm) fill() bool {
+// fill reads what the control stream has into the staging buffer, at most
+// max bytes; false when nothing came (or the connection failed).
+func (r *recvComm) fill(max int) bool {
 	if r.sr == r.sw {
 		r.sr, r.sw = 0, 0
 	} else if r.sw == len(r.stage) {
@@ -123,7 +127,7 @@ func (r *recvComm) fill() bool {
 	if r.sw == len(r.stage) || r.ctrlEOF {
 		return false
 	}
-	n, eof, err := recvInto(r.ctrl, unsafe.Pointer(&r.stage[r.sw]), len(r.stage)-r.sw)
+	n, eof, err := recvInto(r.ctrl, unsafe.Pointer(&r.stage[r.sw]), min(max, len(r.stage)-r.sw))
 	if err != nil {
 		r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
 		return false
@@ -188,13 +192,20 @@ func (r *recvComm) drain() {
 				r.curLeft -= n
 				continue
 			}
-			if !r.fill() {
+			if !r.fill(len(r.stage)) {
 				return
 			}
 			continue
 		}
 		if r.sw-r.sr < hdrLen {
-			if !r.fill() || r.sw-r.sr < hdrLen {
+			// After a large inline message the next is likely large too:
+			// read just its header, so that its payload goes straight into
+			// the destination instead of through the staging buffer.
+			want := len(r.stage)
+			if r.bigNext {
+				want = hdrLen - (r.sw - r.sr)
+			}
+			if !r.fill(want) || r.sw-r.sr < hdrLen {
 				return
 			}
 		}
@@ -219,6 +230,7 @@ func (r *recvComm) match() bool {
 		return false
 	}
 	size, ctrlLen, tag := m.size, m.ctrlLen, m.tag
+	r.bigNext = ctrlLen >= bypassMin
 	if size > ctrlLen && !r.canStripe() {
 		return false // a stream queue is full: match once it drained
 	}
