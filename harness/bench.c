@@ -1,13 +1,23 @@
 /*
- * bench.c: latency and bandwidth through the plugin, and the same two
- * measurements over plain TCP sockets between the same two processes in the
- * same run, so the ratio plugin/TCP is taken under identical conditions.
+ * bench.c: latency and bandwidth through the plugin next to plain TCP sockets
+ * between the same two processes in the same run, so every ratio is taken
+ * under identical conditions.
+ *
+ * The plugin is driven the way NCCL's proxy progress thread drives it: each
+ * pass posts what the window allows and tests the oldest outstanding request,
+ * and a pass that made no progress ends in sched_yield(). The processes are not
+ * pinned. Every figure is the median of 3 rounds in which the methods
+ * alternate (plugin, then each TCP baseline), and carries both processes' CPU
+ * use over the measured interval (getrusage: user + system time / wall time,
+ * so 100 % is one core) and their thread counts (/proc/self/status).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,20 +25,33 @@
 
 #define WINDOW 8
 #define NSTREAMS 4
-#define BW_BYTES (512ull << 20) /* per size and per method */
+#define ROUNDS 3
+#define BW_BYTES (1ull << 30) /* per size, method and round: about 0.2 s at 5 GB/s */
 
 static const size_t LAT_SIZES[] = {8, 64, 512, 4096, 32768, 262144, 1048576};
 static const size_t BW_SIZES[] = {64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20};
 #define NLAT ((int)(sizeof LAT_SIZES / sizeof LAT_SIZES[0]))
 #define NBW ((int)(sizeof BW_SIZES / sizeof BW_SIZES[0]))
 
+enum { LAT_PLUGIN, LAT_TCP_POLL, LAT_TCP_POLL2, LAT_TCP_BLOCK, NLATM };
+enum { BW_PLUGIN, BW_TCP1, BW_TCP4, NBWM };
+static const char* LAT_NAME[NLATM] = {"plugin", "TCP poll", "TCP poll2", "TCP block"};
+static const char* BW_NAME[NBWM] = {"plugin", "TCP x1", "TCP x4"};
+
 typedef struct {
   const opts_t* o;
   int version;
   bool lat, bw;
+  /* the sizes this run measures: the lists above, or --size alone */
+  const size_t* lat_sizes;
+  int nlat;
+  const size_t* bw_sizes;
+  int nbw;
+  int iters; /* --iters: ping-pongs per latency round, 0 = by size */
 } bench_arg_t;
 
 typedef struct {
+  const bench_arg_t* a;
   rank_t* r;
   net_t* n;
   link_t* l;
@@ -40,18 +63,109 @@ typedef struct {
   char why[WHY_LEN];
 } bench_t;
 
-static int lat_iters(size_t sz) { return sz <= 4096 ? 2000 : sz <= 32768 ? 1000 : sz <= 262144 ? 300 : 100; }
+/* ------------------------------------------------------------ CPU meter */
+
+/* What one process spent over a measured interval. */
+typedef struct {
+  double cpu; /* % of one core */
+  int threads;
+} usage_t;
+
+typedef struct {
+  uint64_t t0;
+  double cpu0;
+  int threads; /* most seen while measuring */
+} meter_t;
+
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+static int thread_count(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == NULL) return -1;
+  char line[256];
+  int n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  fclose(f);
+  return n;
+}
+
+static void meter_start(meter_t* m) {
+  m->threads = 0;
+  m->cpu0 = cpu_seconds();
+  m->t0 = now_ns();
+}
+
+/* Samples the thread count at a point where every thread of the method exists. */
+static void meter_sample(meter_t* m) {
+  int t = thread_count();
+  if (t > m->threads) m->threads = t;
+}
+
+static usage_t meter_stop(meter_t* m) {
+  uint64_t t1 = now_ns();
+  double cpu = cpu_seconds() - m->cpu0;
+  meter_sample(m);
+  usage_t u = {t1 > m->t0 ? 100.0 * cpu / ((double)(t1 - m->t0) / 1e9) : 0, m->threads};
+  return u;
+}
+
+/* Rank 1 hands its usage to rank 0, which prints both. */
+static int swap_usage(bench_t* b, usage_t mine, usage_t both[2]) {
+  if (b->r->rank == 1) return ctl_send(b->r, &mine, sizeof mine);
+  both[0] = mine;
+  return ctl_recv(b->r, &both[1], sizeof both[1], 60);
+}
 
 static int cmp_double(const void* a, const void* b) {
   double x = *(const double*)a, y = *(const double*)b;
   return x < y ? -1 : x > y;
 }
 
-static void stats(double* v, int n, double* median, double* p99) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  *median = v[n / 2];
-  int k = (int)((double)n * 0.99);
-  *p99 = v[k >= n ? n - 1 : k];
+static double median3(const double v[ROUNDS]) {
+  double s[ROUNDS];
+  memcpy(s, v, sizeof s);
+  qsort(s, ROUNDS, sizeof s[0], cmp_double);
+  return s[ROUNDS / 2];
+}
+
+/* The round whose main figure is the median, so CPU and threads shown next to
+ * a figure come from the same round. */
+static int median_round(const double v[ROUNDS]) {
+  double m = median3(v);
+  for (int i = 0; i < ROUNDS; i++)
+    if (v[i] == m) return i;
+  return 0;
+}
+
+/* ------------------------------------------------ NCCL-like request polling */
+
+/* Tests req until done; a pass that did not complete it yields, as NCCL's
+ * proxy does when a progress pass found nothing to do. */
+static int wait_yield(bench_t* b, void* req) {
+  int done = 0, got[1];
+  while (!done) {
+    ncclResult_t res = net_test(b->n, req, &done, got);
+    if (res != ncclSuccess) {
+      char w[300];
+      harness_last_warn(w, sizeof w);
+      snprintf(b->why, sizeof b->why, "test returned %s%s%s", result_str(res), w[0] ? "; last WARN: " : "", w);
+      return -1;
+    }
+    if (!done) {
+      if (past_deadline(b->r)) {
+        snprintf(b->why, sizeof b->why, "a request did not complete before the deadline");
+        return -1;
+      }
+      sched_yield();
+    }
+  }
+  return 0;
 }
 
 /* One ping-pong round through the plugin; rank 0 returns the round-trip time. */
@@ -60,7 +174,6 @@ static int plugin_pingpong(bench_t* b, size_t sz, double* rtt_us) {
   uint8_t* sbuf = b->arena;
   uint8_t* rbuf = b->arena + b->slot;
   void *rq, *sq;
-  int got;
   ncclResult_t res;
   uint64_t t0 = now_ns();
   if (b->r->rank == 0) {
@@ -69,31 +182,37 @@ static int plugin_pingpong(bench_t* b, size_t sz, double* rtt_us) {
       snprintf(b->why, sizeof b->why, "posting a ping returned %s", result_str(res));
       return -1;
     }
-    if (wait_one(b->r, n, sq, &got, b->why, sizeof b->why) || wait_one(b->r, n, rq, &got, b->why, sizeof b->why)) return -1;
+    if (wait_yield(b, sq) || wait_yield(b, rq)) return -1;
     *rtt_us = (double)(now_ns() - t0) / 1e3;
   } else {
     if ((res = post_one(b->r, n, false, b->l->rc, rbuf, sz, 0, b->rmh, &rq)) != ncclSuccess) {
       snprintf(b->why, sizeof b->why, "irecv returned %s", result_str(res));
       return -1;
     }
-    if (wait_one(b->r, n, rq, &got, b->why, sizeof b->why)) return -1;
+    if (wait_yield(b, rq)) return -1;
     if ((res = post_one(b->r, n, true, b->l->sc, sbuf, sz, 1, b->smh, &sq)) != ncclSuccess) {
       snprintf(b->why, sizeof b->why, "isend returned %s", result_str(res));
       return -1;
     }
-    if (wait_one(b->r, n, sq, &got, b->why, sizeof b->why)) return -1;
+    if (wait_yield(b, sq)) return -1;
   }
   return 0;
 }
 
-static int tcp_pingpong(bench_t* b, size_t sz, double* rtt_us) {
-  int fd = b->tcp[0];
+/* One ping-pong round over plain TCP. Two connections: the ping goes on one,
+ * the pong on the other, as with NCCL's send and receive comms (each one-way
+ * connection then acknowledges every message with a packet of its own,
+ * where one connection carries acknowledgements on the replies). */
+static int tcp_pingpong(bench_t* b, size_t sz, bool poll, bool two, double* rtt_us) {
+  int ping = b->tcp[0], pong = two ? b->tcp[1] : b->tcp[0];
+  int (*snd)(int, const void*, size_t) = poll ? tcp_send_poll : tcp_send_all;
+  int (*rcv)(int, void*, size_t) = poll ? tcp_recv_poll : tcp_recv_all;
   uint64_t t0 = now_ns();
   if (b->r->rank == 0) {
-    if (tcp_send_all(fd, b->arena, sz) || tcp_recv_all(fd, b->arena + b->slot, sz)) goto err;
+    if (snd(ping, b->arena, sz) || rcv(pong, b->arena + b->slot, sz)) goto err;
     *rtt_us = (double)(now_ns() - t0) / 1e3;
   } else {
-    if (tcp_recv_all(fd, b->arena + b->slot, sz) || tcp_send_all(fd, b->arena, sz)) goto err;
+    if (rcv(ping, b->arena + b->slot, sz) || snd(pong, b->arena, sz)) goto err;
   }
   return 0;
 err:
@@ -101,28 +220,49 @@ err:
   return -1;
 }
 
-static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p99) {
-  int iters = lat_iters(sz), warm = iters / 10;
+static int lat_iters(const bench_arg_t* a, size_t sz) {
+  if (a->iters > 0) return a->iters;
+  return sz <= 4096 ? 2000 : sz <= 32768 ? 1000 : sz <= 262144 ? 300 : 100;
+}
+
+/* One latency measurement: rank 0 gets the median and p99 round trip. */
+static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p99, usage_t u[2]) {
+  int iters = lat_iters(b->a, sz), warm = iters / 10;
   double* v = calloc((size_t)iters, sizeof *v);
   if (ctl_barrier(b->r, 60)) {
     snprintf(b->why, sizeof b->why, "lost the other rank before a latency run");
     free(v);
     return -1;
   }
+  meter_t m;
   for (int i = -warm; i < iters; i++) {
+    if (i == 0) meter_start(&m);
     double rtt = 0;
-    int rc = method == 0 ? plugin_pingpong(b, sz, &rtt) : tcp_pingpong(b, sz, &rtt);
+    int rc = method == LAT_PLUGIN ? plugin_pingpong(b, sz, &rtt)
+                                  : tcp_pingpong(b, sz, method != LAT_TCP_BLOCK, method == LAT_TCP_POLL2, &rtt);
     if (rc) {
       free(v);
       return -1;
     }
-    if (i >= 0) v[i] = rtt / 2;
+    if (i >= 0) v[i] = rtt;
   }
-  if (b->r->rank == 0) stats(v, iters, median, p99);
+  usage_t mine = meter_stop(&m);
+  if (b->r->rank == 0) {
+    qsort(v, (size_t)iters, sizeof *v, cmp_double);
+    *median = v[iters / 2];
+    int k = (int)((double)iters * 0.99);
+    *p99 = v[k >= iters ? iters - 1 : k];
+  }
   free(v);
+  if (swap_usage(b, mine, u)) {
+    snprintf(b->why, sizeof b->why, "lost the other rank after a latency run");
+    return -1;
+  }
   return 0;
 }
 
+/* The proxy's loop for one connection: post while the window allows, test the
+ * oldest request until one is not done, yield when the pass moved nothing. */
 static int plugin_stream(bench_t* b, size_t sz, int count) {
   bool sender = b->r->rank == 1;
   void* comm = sender ? b->l->sc : b->l->rc;
@@ -130,25 +270,46 @@ static int plugin_stream(bench_t* b, size_t sz, int count) {
   void* reqs[WINDOW];
   int posted = 0, done = 0;
   while (done < count) {
+    bool progress = false;
     while (posted < count && posted - done < WINDOW) {
-      ncclResult_t res = post_one(b->r, b->n, sender, comm, b->arena + (size_t)(posted % WINDOW) * b->slot, sz, 1, mh,
-                                  &reqs[posted % WINDOW]);
+      void* req = NULL;
+      ncclResult_t res;
+      uint8_t* buf = b->arena + (size_t)(posted % WINDOW) * b->slot;
+      if (sender) {
+        res = net_isend(b->n, comm, buf, sz, 1, mh, NULL, &req);
+      } else {
+        void* data[1] = {buf};
+        size_t szs[1] = {sz};
+        int tags[1] = {1};
+        void* mhs[1] = {mh};
+        res = net_irecv(b->n, comm, 1, data, szs, tags, mhs, NULL, &req);
+      }
       if (res != ncclSuccess) {
         snprintf(b->why, sizeof b->why, "%s returned %s", sender ? "isend" : "irecv", result_str(res));
         return -1;
       }
+      if (req == NULL) break; /* the plugin asks to retry later */
+      reqs[posted % WINDOW] = req;
       posted++;
+      progress = true;
     }
-    int d = 0, got[1];
-    ncclResult_t res = net_test(b->n, reqs[done % WINDOW], &d, got);
-    if (res != ncclSuccess) {
-      snprintf(b->why, sizeof b->why, "test returned %s", result_str(res));
-      return -1;
+    while (done < posted) {
+      int d = 0, got[1];
+      ncclResult_t res = net_test(b->n, reqs[done % WINDOW], &d, got);
+      if (res != ncclSuccess) {
+        snprintf(b->why, sizeof b->why, "test returned %s", result_str(res));
+        return -1;
+      }
+      if (!d) break;
+      done++;
+      progress = true;
     }
-    if (d) done++;
-    else if (past_deadline(b->r)) {
-      snprintf(b->why, sizeof b->why, "bandwidth run did not finish before the deadline");
-      return -1;
+    if (!progress) {
+      if (past_deadline(b->r)) {
+        snprintf(b->why, sizeof b->why, "bandwidth run did not finish before the deadline");
+        return -1;
+      }
+      sched_yield();
     }
   }
   return 0;
@@ -175,7 +336,7 @@ static void* stripe_main(void* p) {
   return NULL;
 }
 
-static int tcp_stream(bench_t* b, size_t sz, int count, int streams) {
+static int tcp_stream(bench_t* b, size_t sz, int count, int streams, meter_t* m) {
   if (streams == 1) {
     for (int i = 0; i < count; i++) {
       uint8_t* buf = b->arena + (size_t)(i % WINDOW) * b->slot;
@@ -193,6 +354,7 @@ static int tcp_stream(bench_t* b, size_t sz, int count, int streams) {
     st[k] = (stripe_t){b, k, sz, count, 0};
     pthread_create(&th[k], NULL, stripe_main, &st[k]);
   }
+  if (m) meter_sample(m);
   int rc = 0;
   for (int k = 0; k < NSTREAMS; k++) {
     pthread_join(th[k], NULL);
@@ -202,24 +364,169 @@ static int tcp_stream(bench_t* b, size_t sz, int count, int streams) {
   return rc ? -1 : 0;
 }
 
-/* method 0 plugin, 1 TCP 1 stream, 4 TCP 4 streams. Rank 0 (the receiver) times it. */
-static int run_bw(bench_t* b, int method, size_t sz, double* gbs) {
+static int bw_count(size_t sz) {
   int count = (int)(BW_BYTES / sz);
-  if (count < 16) count = 16;
-  int warm = count < 16 ? count : 16;
+  return count < 16 ? 16 : count;
+}
+
+/* One bandwidth measurement, rank 1 sending to rank 0; rank 0 gets GB/s. */
+static int run_bw(bench_t* b, int method, size_t sz, double* gbs, usage_t u[2]) {
+  int count = bw_count(sz);
+  int warm = 16;
+  usage_t mine = {0, 0};
   for (int pass = 0; pass < 2; pass++) {
     int c = pass == 0 ? warm : count;
     if (ctl_barrier(b->r, 60)) {
       snprintf(b->why, sizeof b->why, "lost the other rank before a bandwidth run");
       return -1;
     }
-    uint64_t t0 = now_ns();
-    int rc = method == 0 ? plugin_stream(b, sz, c) : tcp_stream(b, sz, c, method);
+    meter_t m;
+    meter_start(&m);
+    int rc = method == BW_PLUGIN ? plugin_stream(b, sz, c) : tcp_stream(b, sz, c, method == BW_TCP1 ? 1 : NSTREAMS, &m);
     if (rc) return -1;
-    if (pass == 1) *gbs = (double)sz * c / ((double)(now_ns() - t0) / 1e9) / 1e9;
+    /* The receiver's clock runs until its last byte arrived; the sender's
+     * CPU share is over its own interval. */
+    mine = meter_stop(&m);
+    if (pass == 1) *gbs = (double)sz * c / ((double)(now_ns() - m.t0) / 1e9) / 1e9;
+  }
+  if (swap_usage(b, mine, u)) {
+    snprintf(b->why, sizeof b->why, "lost the other rank after a bandwidth run");
+    return -1;
   }
   return 0;
 }
+
+/* ------------------------------------------------------------- reporting */
+
+typedef struct {
+  double med[NLATM][ROUNDS], p99[NLATM][ROUNDS];
+  usage_t u[NLATM][ROUNDS][2];
+} lat_res_t;
+
+typedef struct {
+  double gbs[NBWM][ROUNDS];
+  usage_t u[NBWM][ROUNDS][2];
+} bw_res_t;
+
+static int bw_index(const bench_arg_t* a, size_t sz) {
+  for (int i = 0; i < a->nbw; i++)
+    if (a->bw_sizes[i] == sz) return i;
+  return -1;
+}
+
+static void print_verdict(const char* what, double v, double target, bool higher_better) {
+  bool ok = higher_better ? v >= target : v <= target;
+  printf("  %-52s %7.2f  (target %s %.2f: %s)\n", what, v, higher_better ? ">=" : "<=", target, ok ? "met" : "NOT met");
+}
+
+static int bench_lat(bench_t* b, lat_res_t* res) {
+  rank_t* r = b->r;
+  int nm = b->a->o->plugin_only ? 1 : NLATM;
+  if (r->rank == 0)
+    printf("\nlatency: ping-pong round trip, microseconds, median of %d alternating rounds (p99: median of the\n"
+           "rounds' p99s). plugin: driven NCCL-style (test, sched_yield when not done). TCP poll: non-blocking\n"
+           "send/recv, sched_yield on EAGAIN, one connection. TCP poll2: the same over two one-way connections,\n"
+           "ping on one and pong on the other, as NCCL's send and receive comms are. TCP block: blocking\n"
+           "send/recv, one connection. cpu%%/threads of each rank over the measured interval.\n"
+           "%8s %6s  %-10s %9s %9s %14s %14s %12s\n",
+           ROUNDS, "size", "iters", "method", "median", "p99", "rank 0", "rank 1", "plugin/this");
+  for (int i = 0; i < b->a->nlat; i++) {
+    size_t sz = b->a->lat_sizes[i];
+    lat_res_t* lr = &res[i];
+    for (int round = 0; round < ROUNDS; round++)
+      for (int m = 0; m < nm; m++) {
+        set_where(r, "latency %zu B, %s, round %d", sz, LAT_NAME[m], round + 1);
+        if (run_lat(b, m, sz, &lr->med[m][round], &lr->p99[m][round], lr->u[m][round])) return -1;
+      }
+    if (r->rank != 0) continue;
+    char s1[32];
+    fmt_size(s1, sizeof s1, sz);
+    double pm = median3(lr->med[LAT_PLUGIN]);
+    for (int m = 0; m < nm; m++) {
+      double med = median3(lr->med[m]), p99 = median3(lr->p99[m]);
+      const usage_t* u = lr->u[m][median_round(lr->med[m])];
+      char ratio[32] = "";
+      if (m != LAT_PLUGIN && med > 0) snprintf(ratio, sizeof ratio, "%.2f", pm / med);
+      printf("%8s %6d  %-10s %9.2f %9.2f %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", m == 0 ? s1 : "", lat_iters(b->a, sz),
+             LAT_NAME[m], med, p99, u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
+    }
+  }
+  return 0;
+}
+
+static int bench_bw(bench_t* b, bw_res_t* res) {
+  rank_t* r = b->r;
+  int nm = b->a->o->plugin_only ? 1 : NBWM;
+  if (r->rank == 0)
+    printf("\nbandwidth: rank 1 sends to rank 0, GB/s (1e9 B/s), median of %d alternating rounds. plugin: %d\n"
+           "requests in flight, driven NCCL-style. TCP x1: one blocking socket. TCP x4: 4 sockets, a thread each\n"
+           "per side, every message striped in 4. cpu%%/threads of rank 0 (receiver) and rank 1 (sender).\n"
+           "%8s %6s  %-10s %9s %14s %14s %12s\n",
+           ROUNDS, WINDOW, "size", "msgs", "method", "GB/s", "rank 0", "rank 1", "plugin/this");
+  for (int i = 0; i < b->a->nbw; i++) {
+    size_t sz = b->a->bw_sizes[i];
+    bw_res_t* br = &res[i];
+    for (int round = 0; round < ROUNDS; round++)
+      for (int m = 0; m < nm; m++) {
+        set_where(r, "bandwidth %zu B, %s, round %d", sz, BW_NAME[m], round + 1);
+        if (run_bw(b, m, sz, &br->gbs[m][round], br->u[m][round])) return -1;
+      }
+    if (r->rank != 0) continue;
+    char s1[32];
+    fmt_size(s1, sizeof s1, sz);
+    double pg = median3(br->gbs[BW_PLUGIN]);
+    for (int m = 0; m < nm; m++) {
+      double g = median3(br->gbs[m]);
+      const usage_t* u = br->u[m][median_round(br->gbs[m])];
+      char ratio[32] = "";
+      if (m != BW_PLUGIN && g > 0) snprintf(ratio, sizeof ratio, "%.2f", pg / g);
+      printf("%8s %6d  %-10s %9.3f %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", m == 0 ? s1 : "", bw_count(sz), BW_NAME[m], g,
+             u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
+    }
+  }
+  return 0;
+}
+
+/* The ratios issue #10 sets targets for, from this run's figures. */
+static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_res_t* bw) {
+  printf("\nsummary (ratios against baselines measured in this run):\n");
+  if (a->lat && a->lat_sizes[0] == 8) {
+    const lat_res_t* l8 = &lat[0];
+    double pm = median3(l8->med[LAT_PLUGIN]), pp = median3(l8->p99[LAT_PLUGIN]);
+    double poll = median3(l8->med[LAT_TCP_POLL]), poll2 = median3(l8->med[LAT_TCP_POLL2]);
+    print_verdict("8 B round trip, plugin / TCP poll", poll > 0 ? pm / poll : 0, 1.5, false);
+    printf("  %-52s %7.2f  (TCP's own cost of NCCL's one-way comms: poll2 / poll = %.2f)\n",
+           "8 B round trip, plugin / TCP poll over 2 connections", poll2 > 0 ? pm / poll2 : 0, poll > 0 ? poll2 / poll : 0);
+    print_verdict("8 B round trip, plugin p99 / median", pm > 0 ? pp / pm : 0, 3.0, false);
+  }
+  if (a->bw) {
+    static const size_t x4[] = {1 << 20, 4 << 20, 64 << 20};
+    for (int k = 0; k < 3; k++) {
+      if (bw_index(a, x4[k]) < 0) continue;
+      const bw_res_t* r = &bw[bw_index(a, x4[k])];
+      double p = median3(r->gbs[BW_PLUGIN]), t = median3(r->gbs[BW_TCP4]);
+      char what[80], s1[32];
+      fmt_size(s1, sizeof s1, x4[k]);
+      snprintf(what, sizeof what, "%s bandwidth, plugin / TCP x4", s1);
+      print_verdict(what, t > 0 ? p / t : 0, 1.0, true);
+    }
+    if (bw_index(a, 64 << 10) >= 0) {
+      const bw_res_t* r64 = &bw[bw_index(a, 64 << 10)];
+      double p = median3(r64->gbs[BW_PLUGIN]), t = median3(r64->gbs[BW_TCP1]);
+      print_verdict("64 KiB bandwidth, plugin / TCP x1", t > 0 ? p / t : 0, 1.0, true);
+    }
+    if (bw_index(a, 1 << 20) < 0) return;
+    const bw_res_t* r1 = &bw[bw_index(a, 1 << 20)];
+    const usage_t* u = r1->u[BW_PLUGIN][median_round(r1->gbs[BW_PLUGIN])];
+    char what[80];
+    snprintf(what, sizeof what, "1 MiB streaming, receiver CPU %% (%d threads)", u[0].threads);
+    print_verdict(what, u[0].cpu, 105, false);
+    snprintf(what, sizeof what, "1 MiB streaming, sender CPU %% (%d threads)", u[1].threads);
+    print_verdict(what, u[1].cpu, 105, false);
+  }
+}
+
+/* ------------------------------------------------------------------ rank */
 
 static int bench_rank(rank_t* r, void* arg) {
   bench_arg_t* a = arg;
@@ -227,12 +534,18 @@ static int bench_rank(rank_t* r, void* arg) {
   net_t n;
   hprops_t p;
   link_t l = {0};
-  bench_t b = {.r = r, .n = &n, .l = &l};
+  bench_t b = {.a = a, .r = r, .n = &n, .l = &l};
+  lat_res_t* lat = calloc(NLAT, sizeof *lat);
+  bw_res_t* bw = calloc(NBW, sizeof *bw);
   for (int i = 0; i < 1 + NSTREAMS; i++) b.tcp[i] = -1;
   int rc = 1;
   atomic_store(&s->cur_start_ns[r->rank], now_ns());
   atomic_store(&s->cur[r->rank], 0);
   r->deadline_ns = now_ns() + (uint64_t)((r->timeout - 2) * 1e9);
+  if (lat == NULL || bw == NULL) {
+    snprintf(b.why, sizeof b.why, "out of memory");
+    goto done;
+  }
   if (rank_open(r, &n, a->o->plugin, a->version, &p, b.why, sizeof b.why) != 0) goto done;
   if (link_up(r, &n, &l, 0, 30, b.why, sizeof b.why) != 0) goto done;
   set_where(r, "connecting the TCP baseline");
@@ -263,7 +576,7 @@ static int bench_rank(rank_t* r, void* arg) {
       }
     }
   }
-  size_t maxsz = a->bw ? BW_SIZES[NBW - 1] : LAT_SIZES[NLAT - 1];
+  size_t maxsz = a->bw ? a->bw_sizes[a->nbw - 1] : a->lat_sizes[a->nlat - 1];
   b.slot = (maxsz + 4095) & ~(size_t)4095;
   size_t alen = b.slot * WINDOW;
   b.arena = buf_alloc(alen);
@@ -277,50 +590,12 @@ static int bench_rank(rank_t* r, void* arg) {
   char tr[64];
   harness_transport_name(tr, sizeof tr);
   if (r->rank == 0)
-    printf("bench: v%d plugin=%s transport=%s device=%s; 2 processes; TCP baseline over 127.0.0.1 (TCP_NODELAY, blocking)\n",
-           a->version, n.name, tr[0] ? tr : "unknown", p.name);
-  if (a->lat) {
-    if (r->rank == 0)
-      printf("\nlatency: ping-pong, one-way time = round trip / 2, microseconds\n"
-             "%10s %6s | %10s %10s | %10s %10s | %s\n",
-             "size", "iters", "plugin med", "plugin p99", "TCP med", "TCP p99", "plugin/TCP (median)");
-    for (int i = 0; i < NLAT; i++) {
-      size_t sz = LAT_SIZES[i];
-      double pm = 0, pp = 0, tm = 0, tp = 0;
-      set_where(r, "latency %zu B through the plugin", sz);
-      if (run_lat(&b, 0, sz, &pm, &pp)) goto done;
-      set_where(r, "latency %zu B over TCP", sz);
-      if (run_lat(&b, 1, sz, &tm, &tp)) goto done;
-      if (r->rank == 0) {
-        char s1[32];
-        fmt_size(s1, sizeof s1, sz);
-        printf("%10s %6d | %10.2f %10.2f | %10.2f %10.2f | %.2f\n", s1, lat_iters(sz), pm, pp, tm, tp, tm > 0 ? pm / tm : 0);
-      }
-    }
-  }
-  if (a->bw) {
-    if (r->rank == 0)
-      printf("\nbandwidth: one direction, GB/s (1e9 B/s); plugin with %d requests in flight; TCP 4-stream stripes each message\n"
-             "%10s %6s | %8s | %8s %8s | %11s %11s\n",
-             WINDOW, "size", "msgs", "plugin", "TCP x1", "TCP x4", "plugin/TCP1", "plugin/TCP4");
-    for (int i = 0; i < NBW; i++) {
-      size_t sz = BW_SIZES[i];
-      double pg = 0, t1 = 0, t4 = 0;
-      set_where(r, "bandwidth %zu B through the plugin", sz);
-      if (run_bw(&b, 0, sz, &pg)) goto done;
-      set_where(r, "bandwidth %zu B over 1 TCP stream", sz);
-      if (run_bw(&b, 1, sz, &t1)) goto done;
-      set_where(r, "bandwidth %zu B over 4 TCP streams", sz);
-      if (run_bw(&b, NSTREAMS, sz, &t4)) goto done;
-      if (r->rank == 0) {
-        char s1[32];
-        fmt_size(s1, sizeof s1, sz);
-        int count = (int)(BW_BYTES / sz) < 16 ? 16 : (int)(BW_BYTES / sz);
-        printf("%10s %6d | %8.3f | %8.3f %8.3f | %11.2f %11.2f\n", s1, count, pg, t1, t4, t1 > 0 ? pg / t1 : 0,
-               t4 > 0 ? pg / t4 : 0);
-      }
-    }
-  }
+    printf("bench: v%d plugin=%s transport=%s device=%s; 2 processes, not pinned, %ld CPUs online; "
+           "TCP baselines over 127.0.0.1 (TCP_NODELAY)\n",
+           a->version, n.name, tr[0] ? tr : "unknown", p.name, sysconf(_SC_NPROCESSORS_ONLN));
+  if (a->lat && bench_lat(&b, lat)) goto done;
+  if (a->bw && bench_bw(&b, bw)) goto done;
+  if (r->rank == 0) print_summary(a, lat, bw);
   if (ctl_barrier(r, 60) == 0) rc = 0;
   else snprintf(b.why, sizeof b.why, "lost the other rank at the end");
 done:
@@ -337,6 +612,8 @@ done:
   }
   for (int i = 0; i < 1 + NSTREAMS; i++)
     if (b.tcp[i] >= 0) close(b.tcp[i]);
+  free(lat);
+  free(bw);
   fflush(stdout);
   atomic_store(&s->cur[r->rank], -1);
   return rc;
@@ -353,8 +630,17 @@ int cmd_bench(const opts_t* o) {
     return 1;
   }
   memset(s->text, 0, sizeof s->text);
-  bench_arg_t a = {o, v, strcmp(o->bench_what, "bw") != 0, strcmp(o->bench_what, "lat") != 0};
-  double limit = o->timeout > 0 ? o->timeout : 900;
+  bench_arg_t a = {o, v, strcmp(o->bench_what, "bw") != 0, strcmp(o->bench_what, "lat") != 0,
+                   LAT_SIZES, NLAT, BW_SIZES, NBW, o->iters_set ? o->iters : 0};
+  if (o->size_set) {
+    if (o->size == 0 || o->size > (1ull << 30)) {
+      fprintf(stderr, "bench: --size must be 1 B to 1 GiB\n");
+      return 2;
+    }
+    a.lat_sizes = a.bw_sizes = &o->size;
+    a.nlat = a.nbw = 1;
+  }
+  double limit = o->timeout > 0 ? o->timeout : 1800;
   pair_outcome_t out;
   if (run_pair(s, bench_rank, &a, limit, limit + 10, &out) != 0) return 2;
   if (out.hung) {

@@ -227,12 +227,13 @@ typedef struct {
   int version;        /* transfer / bench */
   size_t size;
   int iters;
+  int size_set, iters_set; /* bench, concurrent: given on the command line */
+  int plugin_only;          /* bench: no TCP baselines */
   double linger;
   const char* bench_what;
   const char* only;   /* conformance: comma-separated check names to run (NULL = all) */
   int verbose;
   int threads;        /* concurrent: progress threads per rank */
-  bool size_set, iters_set;
 } opts_t;
 
 int cmd_conformance(const opts_t* o);
@@ -276,11 +277,14 @@ void link_down(net_t* n, link_t* l);
 
 /* ------------------------------------------------------------------ tcp.c */
 
-/* Plain TCP baselines for bench: blocking sockets, TCP_NODELAY. */
+/* Plain TCP baselines for bench: TCP_NODELAY sockets; *_all block, *_poll
+ * busy-poll with MSG_DONTWAIT and sched_yield() on EAGAIN. */
 int tcp_listen(int* port);
 int tcp_accept(int lfd, double timeout_s);
 int tcp_connect(int port, double timeout_s);
 int tcp_send_all(int fd, const void* buf, size_t len);
 int tcp_recv_all(int fd, void* buf, size_t len);
+int tcp_send_poll(int fd, const void* buf, size_t len);
+int tcp_recv_poll(int fd, void* buf, size_t len);
 
 #endif

@@ -3,7 +3,7 @@
  *
  *   ncclnet-harness conformance --plugin PATH [--versions 8,9,10,11,12] [--timeout SEC]
  *   ncclnet-harness transfer    --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]
- *   ncclnet-harness bench       --plugin PATH [--version V] [lat|bw|all]
+ *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [--plugin-only] [lat|bw|all]
  *   ncclnet-harness concurrent  --plugin PATH [--versions 10,11,12] [--threads N] [--iters N] [--size BYTES]
  *
  * Exit status is 0 only when everything that ran passed.
@@ -23,15 +23,20 @@ static void usage(FILE* f) {
           "      Runs every conformance check for each API version, printing\n"
           "      \"PASS vN <check>\" / \"FAIL vN <check>: <why>\" and a final \"N passed, N failed\".\n"
           "      --timeout is the time one check may take before it counts as hung (default 60).\n"
-          "      (transfer and bench accept --timeout too: the whole run's limit, default 300 / 900.)\n"
+          "      (transfer and bench accept --timeout too: the whole run's limit, default 300 / 1800.)\n"
           "      --only CHECK[,CHECK] runs just those checks (setup is done implicitly).\n"
           "  ncclnet-harness transfer --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]\n"
           "      Moves SIZE bytes (default 64M) ITERS times (default 16) from one process to\n"
           "      another with 8 requests in flight, verifies every byte and prints GB/s.\n"
           "      --linger keeps both processes (and their comms) alive SEC seconds afterwards.\n"
-          "  ncclnet-harness bench --plugin PATH [--version V] [lat|bw|all]\n"
-          "      Latency (ping-pong, 8 B..1 MiB) and bandwidth (8 in flight, 64 KiB..64 MiB)\n"
-          "      through the plugin and over plain TCP sockets, with plugin/TCP ratios.\n"
+          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [--plugin-only] [lat|bw|all]\n"
+          "      Latency (ping-pong round trip, 8 B..1 MiB) and bandwidth (8 in flight,\n"
+          "      64 KiB..64 MiB) through the plugin, driven as NCCL's proxy drives it\n"
+          "      (sched_yield when a pass made no progress), next to plain TCP sockets\n"
+          "      (busy-polled and blocking ping-pong; 1 and 4 streams): medians of 3\n"
+          "      alternating rounds, each process's CPU %% and threads, plugin/TCP ratios.\n"
+          "      --size runs that one size only; --iters sets the ping-pongs per round;\n"
+          "      --plugin-only skips the TCP baselines (to profile the plugin alone).\n"
           "  ncclnet-harness concurrent --plugin PATH [--versions 8,9,10,11,12] [--threads N] [--iters N] [--size BYTES]\n"
           "      NCCL's threads at once: per rank, N progress threads (default 3) each with its\n"
           "      own communicator (v11+: own init/finalize) stream ITERS messages (default 500)\n"
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "ncclnet-harness: --size %s: use a byte count (suffix K, M or G allowed)\n", v);
         return 2;
       }
-      o.size_set = true;
+      o.size_set = 1;
     } else if (!strcmp(a, "--iters")) {
       NEED_VALUE char* end;
       long it = strtol(v, &end, 10);
@@ -137,7 +142,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.iters = (int)it;
-      o.iters_set = true;
+      o.iters_set = 1;
     } else if (!strcmp(a, "--threads")) {
       NEED_VALUE char* end;
       long th = strtol(v, &end, 10);
@@ -148,6 +153,8 @@ int main(int argc, char** argv) {
       o.threads = (int)th;
     } else if (!strcmp(a, "--linger")) {
       NEED_VALUE if (parse_double(a, v, &o.linger) != 0) return 2;
+    } else if (!strcmp(cmd, "bench") && !strcmp(a, "--plugin-only")) {
+      o.plugin_only = 1;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
       o.verbose = 1;
     } else if (!strcmp(cmd, "bench") && (!strcmp(a, "lat") || !strcmp(a, "bw") || !strcmp(a, "all"))) {

@@ -1,10 +1,12 @@
-/* tcp.c: plain blocking TCP over loopback, the baseline bench compares the plugin with. */
+/* tcp.c: plain TCP over loopback, the baselines bench compares the plugin with: blocking
+ * send/recv, and busy-polled non-blocking send/recv (the latency floor a polling loop can reach). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -76,6 +78,45 @@ int tcp_recv_all(int fd, void* buf, size_t len) {
     ssize_t k = recv(fd, p, len, 0);
     if (k == 0) return -1;
     if (k < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += k;
+    len -= (size_t)k;
+  }
+  return 0;
+}
+
+/* The busy-polled variants: MSG_DONTWAIT on every call, sched_yield() when the
+ * socket had nothing, the same loop shape as the plugin's NCCL-style polling. */
+int tcp_send_poll(int fd, const void* buf, size_t len) {
+  const char* p = buf;
+  while (len > 0) {
+    ssize_t k = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        sched_yield();
+        continue;
+      }
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += k;
+    len -= (size_t)k;
+  }
+  return 0;
+}
+
+int tcp_recv_poll(int fd, void* buf, size_t len) {
+  char* p = buf;
+  while (len > 0) {
+    ssize_t k = recv(fd, p, len, MSG_DONTWAIT);
+    if (k == 0) return -1;
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        sched_yield();
+        continue;
+      }
       if (errno == EINTR) continue;
       return -1;
     }

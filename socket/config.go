@@ -9,8 +9,9 @@ import (
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// Settings. Every one is read through nccl.Env* when it is used (NCCL applies
-// nccl.conf with setenv after the library is loaded).
+// Settings. Every one is read here, through nccl.Env*, when a connection is
+// set up (Init/Listen/Connect; NCCL applies nccl.conf with setenv after the
+// library is loaded), never on the data path.
 const (
 	envIfname        = "NCCL_SOCKET_IFNAME"
 	envFamily        = "NCCL_SOCKET_FAMILY"
@@ -25,6 +26,7 @@ const (
 	envMinChunk      = "NCCL_SOCKET_MIN_TASKSIZE"
 	envHelloTimeout  = "NCCL_GO_SOCKET_HELLO_TIMEOUT"
 	envIdleInline    = "NCCL_GO_SOCKET_IDLE_INLINE"
+	envHelpers       = "NCCL_GO_SOCKET_HELPERS"
 	defaultMagic     = 0x564ab9f2fc4b9d6c // NCCL's NCCL_SOCKET_MAGIC default
 	defaultRetryCnt  = 34
 	defaultRetrySlp  = 100 * time.Millisecond
@@ -170,4 +172,85 @@ func retryPolicy(log nccl.Logger) retry {
 		r.sleep = 0
 	}
 	return r
+}
+
+// helperCount is NCCL_GO_SOCKET_HELPERS: goroutines per connection end that
+// move striped chunks beside NCCL's thread (which moves them too: it never
+// waits for a helper). Auto (unset or -2) is one per stream, at most
+// defaultHelpers, on hosts with minCPUsForHelpers CPUs or more; none below,
+// where every extra runnable thread takes a core from NCCL's.
+func helperCount(log nccl.Logger, streams int) int {
+	n := nccl.EnvInt(log, envHelpers, -2)
+	if n == -2 {
+		n = autoHelpers(runtime.NumCPU())
+	}
+	if n < 0 {
+		log.Warnf("NET/GoSocket : ignoring %s=%d: must be >= 0 (or -2 for auto); using %d", envHelpers, n, autoHelpers(runtime.NumCPU()))
+		n = autoHelpers(runtime.NumCPU())
+	}
+	return min(int(n), streams)
+}
+
+func autoHelpers(ncpu int) int64 {
+	if ncpu < minCPUsForHelpers {
+		return 0
+	}
+	return defaultHelpers
+}
+
+const (
+	defaultHelpers    = 4
+	minCPUsForHelpers = 8
+)
+
+// livePolicy is how a connection tells a live peer from a dead one, derived
+// from NCCL_GO_TIMEOUT (docs/socket.md, "Liveness"). Every figure is in
+// nanoseconds except the keepalive ones, which the kernel takes in seconds.
+type livePolicy struct {
+	timeout   int64 // <= 0: no dead-peer detection (closed peers are still seen)
+	period    int64 // between two checks on NCCL's thread
+	pingAfter int64 // no answer from the peer's kernel for this long: send a ping
+	deadAfter int64 // no answer for this long, with a ping outstanding: dead
+	grace     int64 // a ping younger than this is never held against the peer
+	keepIdle  int   // TCP_KEEPIDLE = TCP_KEEPINTVL on the liveness stream, seconds
+	keepCnt   int
+}
+
+const (
+	// maxCheckPeriod bounds how late a killed peer (FIN or RST on the
+	// liveness stream) is noticed; a check costs two syscalls.
+	maxCheckPeriod = 100 * time.Millisecond
+	minCheckPeriod = 10 * time.Millisecond
+	// pingGrace covers the peer kernel's delayed ACK (at most 200 ms on
+	// Linux, TCP_DELACK_MAX) plus a round trip.
+	pingGrace = 250 * time.Millisecond
+)
+
+func livePolicyFor(timeout time.Duration) livePolicy {
+	if timeout <= 0 {
+		return livePolicy{period: int64(maxCheckPeriod)}
+	}
+	p := livePolicy{timeout: int64(timeout), grace: int64(pingGrace)}
+	p.period = int64(min(max(timeout/10, minCheckPeriod), maxCheckPeriod))
+	p.pingAfter = int64(timeout / 2)
+	// Dead one check period before the timeout, so that the error comes
+	// within it; never before a ping had its grace.
+	p.deadAfter = max(p.timeout-p.period, p.pingAfter+p.grace)
+	// The kernel probes an idle liveness stream every quarter timeout: a
+	// live peer's answers keep the last ACK younger than pingAfter, so for
+	// timeouts of 4 s and more no ping is ever written.
+	p.keepIdle = int(min(max(timeout/4, time.Second), 32767*time.Second) / time.Second)
+	p.keepCnt = 8
+	return p
+}
+
+// setupBound is how long connection set-up may wait for a peer: connect,
+// and a listener's half-open connections. NCCL_GO_TIMEOUT; when that is off
+// (<= 0, which only disables dead-peer detection), its default, so that no
+// set-up waits forever.
+func setupBound(timeout time.Duration) time.Duration {
+	if timeout > 0 {
+		return timeout
+	}
+	return nccl.DefaultTimeout
 }

@@ -11,10 +11,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -51,8 +51,6 @@ func listenDecoded(t *testing.T, tr *Transport) (nccl.Listener, nccl.Handle, han
 	require.NoError(t, err)
 	return l, h, hi
 }
-
-func bufPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
 
 func TestHandleRoundTrip(t *testing.T) {
 	hi := handleInfo{magic: 0x1122334455667788, version: protoVersion, addr: netip_MustParseAddrPort("10.1.2.3:4567"),
@@ -121,9 +119,34 @@ func TestLinkLocalDialUsesOwnInterface(t *testing.T) {
 	assert.Equal(t, "10.0.0.1:1234", dialAddr(hi, d))
 }
 
+// rogueHello writes a hello for stream index of connection connID.
+func rogueHello(t *testing.T, c net.Conn, hi handleInfo, index int, connID uint64, mut func(*hello)) {
+	t.Helper()
+	m := hello{magic: defaultMagic, version: protoVersion, index: index, streams: hi.streams, secret: hi.secret, connID: connID}
+	if mut != nil {
+		mut(&m)
+	}
+	var b [helloLen]byte
+	m.encode(b[:])
+	_, err := c.Write(b[:])
+	require.NoError(t, err)
+}
+
+// closedByPeer reports, once c reads end of file or a reset, that the
+// listener closed it; a rogue connection that stays open never reports.
+func closedByPeer(c net.Conn) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, err := io.ReadAll(c)
+		ch <- err
+	}()
+	return ch
+}
+
 // TestRogueConnectors: garbage, a wrong magic, a wrong secret and a client
-// that says nothing must all be dropped without disturbing the listen; the
-// real connector is still accepted.
+// that says nothing must all be dropped, while NCCL polls accept, without
+// disturbing the listen; the real connector is still accepted.
 func TestRogueConnectors(t *testing.T) {
 	withEnv(t, map[string]string{envHelloTimeout: "0.3"})
 	log := &captureLog{}
@@ -143,31 +166,36 @@ func TestRogueConnectors(t *testing.T) {
 	garbage.Write([]byte(strings.Repeat("GET / HTTP/1.0\r\n", 4)))
 	wrong := func(mut func(*hello)) net.Conn {
 		c := dial()
-		m := hello{magic: defaultMagic, version: protoVersion, index: ctrlIndex, streams: hi.streams, secret: hi.secret, connID: 7}
-		mut(&m)
-		var b [helloLen]byte
-		m.encode(b[:])
-		c.Write(b[:])
+		rogueHello(t, c, hi, ctrlIndex, 7, mut)
 		return c
 	}
-	badMagic := wrong(func(m *hello) { m.magic++ })
-	badSecret := wrong(func(m *hello) { m.secret[0] ^= 1 })
-	badVersion := wrong(func(m *hello) { m.version++ })
-	badIndex := wrong(func(m *hello) { m.index = 200 })
-
-	// Every rogue connection gets closed by the listener.
-	for _, c := range []net.Conn{silent, garbage, badMagic, badSecret, badVersion, badIndex} {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, err := io.ReadAll(c)
-		if err != nil {
-			// Closing with unread bytes is a reset; a timeout means still open.
-			require.ErrorIs(t, err, syscall.ECONNRESET, "the listener must close a rogue connection (not leave it open)")
+	rogues := []net.Conn{silent, garbage,
+		wrong(func(m *hello) { m.magic++ }),
+		wrong(func(m *hello) { m.secret[0] ^= 1 }),
+		wrong(func(m *hello) { m.version++ }),
+		wrong(func(m *hello) { m.index = 200 })}
+	closed := make([]<-chan error, len(rogues))
+	for i, c := range rogues {
+		closed[i] = closedByPeer(c)
+	}
+	// Every rogue connection gets closed by the listener while NCCL polls.
+	for i := range rogues {
+		for done := false; !done; {
+			r, err := l.Accept()
+			require.NoError(t, err)
+			require.Nil(t, r, "no rogue connection may be accepted")
+			select {
+			case err := <-closed[i]:
+				if err != nil {
+					// Closing with unread bytes is a reset; a timeout means still open.
+					require.ErrorIs(t, err, syscall.ECONNRESET, "the listener must close rogue connection %d (not leave it open)", i)
+				}
+				done = true
+			default:
+				pace()
+			}
 		}
 	}
-	r, err := l.Accept()
-	require.NoError(t, err)
-	require.Nil(t, r, "no rogue connection may be accepted")
-
 	s, r := connectAccept(t, tr, l, h)
 	defer s.Close()
 	defer r.Close()
@@ -229,15 +257,36 @@ func TestConnectRefusedRetriesThenFails(t *testing.T) {
 	for err == nil && s == nil {
 		s, err = tr.Connect(0, &h, nccl.ConnectOptions{})
 		require.Less(t, time.Since(start), 20*time.Second)
-		time.Sleep(time.Millisecond)
+		pace()
 	}
 	require.Error(t, err)
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
 	assert.Contains(t, err.Error(), "127.0.0.1:"+itoa(port))
 	assert.Contains(t, log.String(), "after 3 retries")
 	assert.Contains(t, log.String(), "127.0.0.1:"+itoa(port))
-	// Linear backoff: 10+20+30 ms at least.
-	assert.GreaterOrEqual(t, time.Since(start), 60*time.Millisecond)
+}
+
+// TestConnectRetrySchedule: NCCL's linear backoff, sleep × attempt.
+func TestConnectRetrySchedule(t *testing.T) {
+	withEnv(t, map[string]string{envRetryCnt: "2", envRetrySleep: "10"})
+	hi := handleInfo{addr: netip_MustParseAddrPort("127.0.0.1:9"), streams: 0, minChunk: defaultMinChunk}
+	op := newConnectOp(1, hi, &device{name: "lo"}, &captureLog{})
+	op.socks[0].fd, _ = unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	op.attemptFailed(0, unix.ECONNREFUSED, 1000)
+	assert.Equal(t, dialWait, op.socks[0].state)
+	assert.Equal(t, int64(1000+10*time.Millisecond), op.socks[0].retryAt)
+	op.socks[0].fd, _ = unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	op.attemptFailed(0, unix.ECONNREFUSED, 5000)
+	assert.Equal(t, int64(5000+20*time.Millisecond), op.socks[0].retryAt)
+	op.socks[0].fd, _ = unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	op.attemptFailed(0, unix.ECONNREFUSED, 9000)
+	require.True(t, op.done, "the third refusal exceeds NCCL_SOCKET_RETRY_CNT=2")
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(op.err))
+	op.socks[0].fd, _ = unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+	op.done = false
+	op.attemptFailed(0, unix.EACCES, 9000)
+	assert.True(t, op.done, "an error NCCL does not retry on ends the connect")
+	op.finish(nil)
 }
 
 func TestConnectMagicMismatch(t *testing.T) {
@@ -314,106 +363,109 @@ func TestPeerResetMidTransfer(t *testing.T) {
 	}
 }
 
-// A rogue sender speaks the protocol to a listener and then stalls in the
-// middle of a message: striped over data streams, or all on the control
-// stream (the small-host default).
-func TestTimeoutReceiveStalled(t *testing.T) {
-	for _, streams := range []string{"4", "0"} {
-		t.Run("streams="+streams, func(t *testing.T) { testTimeoutReceiveStalled(t, streams) })
-	}
-}
-
-func testTimeoutReceiveStalled(t *testing.T, nthreads string) {
-	withEnv(t, map[string]string{nccl.EnvTimeout: "0.3", envNThreads: nthreads})
-	log := &captureLog{}
-	tr := initLoopback(t, log)
-	l, _, hi := listenDecoded(t, tr)
-	defer l.Close()
-	require.Equal(t, nthreads, fmt.Sprint(hi.streams))
-	conns := make([]net.Conn, hi.streams+1)
-	for i := range conns {
+// rogueConnect plays a connector by hand: control, liveness and data
+// streams of one connection, each with its hello.
+func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Conn, data []net.Conn) {
+	t.Helper()
+	dial := func(index int) net.Conn {
 		c, err := net.Dial("tcp", hi.addr.String())
 		require.NoError(t, err)
-		defer c.Close()
-		m := hello{magic: defaultMagic, version: protoVersion, index: i, streams: hi.streams, secret: hi.secret, connID: 42}
-		if i == hi.streams {
-			m.index = ctrlIndex
-		}
-		var b [helloLen]byte
-		m.encode(b[:])
-		_, err = c.Write(b[:])
-		require.NoError(t, err)
-		conns[i] = c
+		t.Cleanup(func() { c.Close() })
+		rogueHello(t, c, hi, index, connID, nil)
+		return c
 	}
-	var rc nccl.RecvComm
-	var err error
-	for rc == nil {
-		rc, err = l.Accept()
-		require.NoError(t, err)
-		runtime.Gosched()
+	ctrl, beat = dial(ctrlIndex), dial(beatIndex)
+	for i := 0; i < hi.streams; i++ {
+		data = append(data, dial(i))
 	}
-	defer rc.Close()
-	dst := make([]byte, 1<<20)
-	rq, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: len(dst), Tag: 3}})
-	require.NoError(t, err)
-
-	// Nothing sent yet: waiting for the peer is not a failure, however long.
-	waitUntil := time.Now().Add(time.Second)
-	for time.Now().Before(waitUntil) {
-		done, err := rc.Test(rq, nil)
-		require.NoError(t, err, "a receive merely waiting for the sender must not time out")
-		require.False(t, done)
-		time.Sleep(100 * time.Microsecond)
-	}
-
-	// A header for a 1 MiB message, and 1000 bytes of it; then silence.
-	ctrlLen := uint32(0) // striped: the payload goes on data stream 0
-	if hi.streams == 0 {
-		ctrlLen = 1 << 20 // everything follows the header
-	}
-	var hdr [hdrLen]byte
-	binary.LittleEndian.PutUint32(hdr[0:], 1<<20)
-	binary.LittleEndian.PutUint32(hdr[4:], ctrlLen)
-	binary.LittleEndian.PutUint32(hdr[8:], 3)
-	binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^0)
-	_, err = conns[hi.streams].Write(hdr[:])
-	require.NoError(t, err)
-	_, err = conns[0].Write(make([]byte, 1000))
-	require.NoError(t, err)
-	start := time.Now()
-	for {
-		done, err := rc.Test(rq, nil)
-		require.False(t, done)
-		if err != nil {
-			assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
-			assert.Contains(t, err.Error(), "no progress")
-			break
-		}
-		require.Less(t, time.Since(start), 20*time.Second, "the stalled receive never failed")
-		time.Sleep(100 * time.Microsecond)
-	}
-	assert.Contains(t, log.String(), "NCCL_GO_TIMEOUT")
+	return ctrl, beat, data
 }
 
-// TestTimeoutSendStalled: a receiver that stops reading in the middle of a
-// large message makes the send fail once NCCL_GO_TIMEOUT passes, through
-// TCP_USER_TIMEOUT (the kernel aborts a connection whose window stayed
-// closed that long).
-func TestTimeoutSendStalled(t *testing.T) {
-	withEnv(t, map[string]string{nccl.EnvTimeout: "0.5"})
-	log := &captureLog{}
-	tr := initLoopback(t, log)
-	// A fake listener that completes the handshake and then never reads.
+// TestSilentSenderIsAlive: a sender stops in the middle of a message, striped
+// over data streams or all on the control stream (the small-host default).
+// Its host answers, so the receive waits, past 3 × NCCL_GO_TIMEOUT, with no
+// error; once the sender's process closes (or dies: its kernel closes its
+// sockets) the receive fails at once.
+func TestSilentSenderIsAlive(t *testing.T) {
+	for _, streams := range []string{"4", "0"} {
+		t.Run("streams="+streams, func(t *testing.T) {
+			withEnv(t, map[string]string{nccl.EnvTimeout: "0.3", envNThreads: streams})
+			log := &captureLog{}
+			tr := initLoopback(t, log)
+			l, _, hi := listenDecoded(t, tr)
+			defer l.Close()
+			require.Equal(t, streams, fmt.Sprint(hi.streams))
+			ctrl, beat, data := rogueConnect(t, hi, 42)
+			var rc nccl.RecvComm
+			for rc == nil {
+				var err error
+				rc, err = l.Accept()
+				require.NoError(t, err)
+				pace()
+			}
+			defer rc.Close()
+			dst := make([]byte, 1<<20)
+			rq, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: len(dst), Tag: 3}})
+			require.NoError(t, err)
+			// A header for a 1 MiB message, and 1000 bytes of it; then silence.
+			ctrlLen := uint32(0) // striped: the payload goes on data stream 0
+			first := ctrl
+			if hi.streams > 0 {
+				first = data[0]
+			} else {
+				ctrlLen = 1 << 20 // everything follows the header
+			}
+			var hdr [hdrLen]byte
+			binary.LittleEndian.PutUint32(hdr[0:], 1<<20)
+			binary.LittleEndian.PutUint32(hdr[4:], ctrlLen)
+			binary.LittleEndian.PutUint32(hdr[8:], 3)
+			binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^0)
+			_, err = ctrl.Write(hdr[:])
+			require.NoError(t, err)
+			_, err = first.Write(make([]byte, 1000))
+			require.NoError(t, err)
+			until := time.Now().Add(3 * 300 * time.Millisecond)
+			for time.Now().Before(until) {
+				done, err := rc.Test(rq, nil)
+				require.NoError(t, err, "a sender whose host answers is alive, however long it is silent")
+				require.False(t, done)
+				pace()
+			}
+			assert.NotZero(t, rc.(*recvComm).live.pings, "with a 0.3 s timeout the liveness check must have pinged the peer's kernel")
+			// The sender's process goes away.
+			ctrl.Close()
+			beat.Close()
+			for _, c := range data {
+				c.Close()
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				done, err := rc.Test(rq, nil)
+				require.False(t, done)
+				if err != nil {
+					assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+					assert.Contains(t, err.Error(), "closed the connection")
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the receive never noticed the closed sender")
+				pace()
+			}
+			assert.Contains(t, log.String(), "WARN")
+		})
+	}
+}
+
+// fakeReceiver completes the handshake of a connector with streams data
+// streams and never reads a byte.
+func fakeReceiver(t *testing.T, streams int) (nccl.Handle, func() []net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer ln.Close()
-	hi := handleInfo{magic: defaultMagic, version: protoVersion, addr: netip_MustParseAddrPort(ln.Addr().String()),
-		streams: 1, minChunk: defaultMinChunk}
-	var h nccl.Handle
-	encodeHandle(&h, &hi)
-	accepted := make(chan net.Conn, 2)
+	t.Cleanup(func() { ln.Close() })
+	h := handleFor(t, ln.Addr().String(), streams)
+	accepted := make(chan net.Conn, streams+2)
 	go func() {
-		for i := 0; i < 2; i++ {
+		for i := 0; i < streams+2; i++ {
 			c, err := ln.Accept()
 			if err != nil {
 				return
@@ -423,29 +475,58 @@ func TestTimeoutSendStalled(t *testing.T) {
 			accepted <- c
 		}
 	}()
+	return h, func() []net.Conn {
+		var cs []net.Conn
+		for i := 0; i < streams+2; i++ {
+			c := <-accepted
+			t.Cleanup(func() { c.Close() })
+			cs = append(cs, c)
+		}
+		return cs
+	}
+}
+
+// TestSilentReceiverIsAlive: a receiver that never reads (its window closed
+// the whole time) is alive while its host answers: the send waits past
+// 3 × NCCL_GO_TIMEOUT without error, and fails at once when the receiver
+// closes.
+func TestSilentReceiverIsAlive(t *testing.T) {
+	withEnv(t, map[string]string{nccl.EnvTimeout: "0.3"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	h, conns := fakeReceiver(t, 1)
 	var s nccl.SendComm
+	var err error
 	for s == nil {
 		s, err = tr.Connect(0, &h, nccl.ConnectOptions{})
 		require.NoError(t, err)
-		time.Sleep(time.Millisecond)
+		pace()
 	}
 	defer s.Close()
-	for i := 0; i < 2; i++ {
-		defer (<-accepted).Close()
-	}
+	cs := conns()
 	src := make([]byte, 256<<20)
 	sq, err := s.Isend(bufPtr(src), len(src), 0, 0)
 	require.NoError(t, err)
-	start := time.Now()
+	until := time.Now().Add(3 * 300 * time.Millisecond)
+	for time.Now().Before(until) {
+		done, _, err := s.Test(sq)
+		require.NoError(t, err, "a receiver whose host answers is alive, however long its window stays closed")
+		require.False(t, done, "256 MiB cannot fit in socket buffers")
+		pace()
+	}
+	for _, c := range cs {
+		c.Close()
+	}
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		done, _, err := s.Test(sq)
-		require.False(t, done, "256 MiB cannot fit in socket buffers")
+		require.False(t, done)
 		if err != nil {
 			assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
 			break
 		}
-		require.Less(t, time.Since(start), 30*time.Second, "the stalled send never failed")
-		time.Sleep(100 * time.Microsecond)
+		require.True(t, time.Now().Before(deadline), "the send never noticed the closed receiver")
+		pace()
 	}
 	assert.Contains(t, log.String(), "WARN")
 	runtime.KeepAlive(src)
@@ -482,7 +563,7 @@ func openFDs(t *testing.T) int {
 // TestCloseLeaksNothing: comms closed with requests outstanding release every
 // goroutine and descriptor they had.
 func TestCloseLeaksNothing(t *testing.T) {
-	withEnv(t, map[string]string{envNThreads: "4", envNSocks: "2"})
+	withEnv(t, map[string]string{envNThreads: "4", envNSocks: "2", envHelpers: "3"})
 	log := &captureLog{}
 	tr := newLoopback()
 	require.NoError(t, tr.Init(nccl.InitContext{Log: log}))
@@ -518,19 +599,25 @@ func TestCloseLeaksNothing(t *testing.T) {
 			t.Fatal("Close with requests outstanding did not return")
 		}
 	}
-	// A listener that never accepted, and a connect abandoned mid-way.
+	// A listener that never accepted, a connection accepted by the kernel
+	// and never by NCCL, and a connect abandoned mid-way (to a black hole).
 	var h nccl.Handle
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
 	ch := h
-	_, err = tr.Connect(0, &ch, nccl.ConnectOptions{})
+	s, err := tr.Connect(0, &ch, nccl.ConnectOptions{})
 	require.NoError(t, err)
-	require.NoError(t, l.Close())
-	require.NoError(t, tr.Finalize())
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > g0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	if s != nil {
+		require.NoError(t, s.Close())
 	}
+	require.NoError(t, l.Close())
+	bh := handleFor(t, blackhole(t), 2)
+	s, err = tr.Connect(0, &bh, nccl.ConnectOptions{})
+	require.NoError(t, err)
+	require.Nil(t, s, "a connect to a black hole cannot complete")
+	fd0 += 2 // the black hole's listener and its one queued connection
+	require.NoError(t, tr.Finalize())
+	// Close and Finalize return once everything they owned is gone.
 	assert.LessOrEqual(t, runtime.NumGoroutine(), g0, "goroutines leaked")
 	assert.LessOrEqual(t, openFDs(t), fd0, "descriptors leaked")
 	runtime.KeepAlive(keep)

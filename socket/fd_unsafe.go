@@ -1,31 +1,65 @@
 package socket
 
 import (
-	"net"
+	"net/netip"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// The control stream is driven from NCCL's thread with raw non-blocking
-// syscalls: going through net.Conn would park on the netpoller when the
-// socket is not ready, and parking is exactly the blocking (and the
-// goroutine hand-off) the latency path cannot afford. The fd stays owned by
-// the net.TCPConn, which closes it; nothing else reads or writes it.
+// Every socket of the transport is a raw non-blocking descriptor that this
+// package creates, owns and closes itself. None goes through net.Conn: that
+// would register it with Go's netpoller, whose epoll wake-ups run runtime
+// threads beside NCCL's on every packet, and whose blocking calls park the
+// caller. Set-up and the data path both run on the caller's (NCCL's) thread
+// with the calls below, which never block.
 
-// rawFD returns the descriptor behind c (already non-blocking: Go's net
-// package sets O_NONBLOCK).
-func rawFD(c *net.TCPConn) (int, error) {
-	rc, err := c.SyscallConn()
+// sockaddrOf converts an address for connect/bind; scope is the interface
+// index of a link-local IPv6 address (0 otherwise).
+func sockaddrOf(ap netip.AddrPort, scope int) unix.Sockaddr {
+	a := ap.Addr()
+	if a.Is4() || a.Is4In6() {
+		return &unix.SockaddrInet4{Port: int(ap.Port()), Addr: a.Unmap().As4()}
+	}
+	return &unix.SockaddrInet6{Port: int(ap.Port()), ZoneId: uint32(scope), Addr: a.As16()}
+}
+
+// addrPortOf is the inverse, for logs.
+func addrPortOf(sa unix.Sockaddr) netip.AddrPort {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// newSocket makes a non-blocking TCP socket with the configured buffer sizes
+// (which must be set before connect or listen: they decide the window scale).
+func newSocket(ap netip.AddrPort, o sockOpts) (int, error) {
+	fam := unix.AF_INET6
+	if ap.Addr().Is4() || ap.Addr().Is4In6() {
+		fam = unix.AF_INET
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}
-	fd := -1
-	if err := rc.Control(func(f uintptr) { fd = int(f) }); err != nil {
+	if o.sndBuf > 0 {
+		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, o.sndBuf)
+	}
+	if err == nil && o.rcvBuf > 0 {
+		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, o.rcvBuf)
+	}
+	if err != nil {
+		unix.Close(fd)
 		return -1, err
 	}
 	return fd, nil
 }
+
+func setNoDelay(fd int) error { return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1) }
 
 // maxIov bounds the iovecs of one sendmsg: a header and payload per message,
 // several messages per call when they queue up.
@@ -72,6 +106,22 @@ func (w *iovWriter) flush(fd int) (int, error) {
 	}
 }
 
+// sendFrom writes up to n bytes from p without blocking; EAGAIN is 0, nil.
+func sendFrom(fd int, p unsafe.Pointer, n int) (int, error) {
+	for {
+		r, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+		switch e {
+		case 0:
+			return int(r), nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, nil
+		}
+		return 0, e
+	}
+}
+
 // recvInto reads up to n bytes into p without blocking. It returns
 // (0, false, nil) when nothing is available and eof when the peer closed.
 func recvInto(fd int, p unsafe.Pointer, n int) (got int, eof bool, err error) {
@@ -90,4 +140,51 @@ func recvInto(fd int, p unsafe.Pointer, n int) (got int, eof bool, err error) {
 		}
 		return 0, false, e
 	}
+}
+
+func recvSlice(fd int, b []byte) (int, bool, error) {
+	return recvInto(fd, unsafe.Pointer(unsafe.SliceData(b)), len(b))
+}
+
+func sendSlice(fd int, b []byte) (int, error) {
+	return sendFrom(fd, unsafe.Pointer(unsafe.SliceData(b)), len(b))
+}
+
+// tcpInfo reads TCP_INFO into a caller-owned struct (x/sys's helper
+// allocates one per call; the liveness check runs on the data path).
+func tcpInfo(fd int, ti *unix.TCPInfo) error {
+	l := uint32(unsafe.Sizeof(*ti))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(ti)), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// poll waits up to timeoutMs (0: not at all, -1: until an event) for the
+// events in fds.
+func poll(fds []unix.PollFd, timeoutMs int) (int, error) {
+	for {
+		n, err := unix.Poll(fds, timeoutMs)
+		if err == unix.EINTR {
+			if timeoutMs == 0 {
+				continue
+			}
+			return 0, nil
+		}
+		return n, err
+	}
+}
+
+// eventSignal and eventDrain operate a helper's wake-up eventfd.
+// (Raw syscalls on a caller-owned word: unix.Write's slice would escape to
+// the heap on every wake-up.)
+func eventSignal(fd int, v *uint64) {
+	*v = 1
+	unix.Syscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(v)), 8)
+}
+
+func eventDrain(fd int, v *uint64) {
+	unix.Syscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(v)), 8)
 }

@@ -9,7 +9,8 @@ import (
 
 // protoVersion changes whenever the handshake or the wire format changes, so
 // that two different builds refuse each other instead of corrupting data.
-const protoVersion = 1
+// 2: every connection has a liveness stream (hello index 254).
+const protoVersion = 2
 
 // Handle layout (128 bytes, little endian). The listener fills bytes 0..63;
 // bytes 96..127 belong to the connector's own copy (NCCL passes the same
@@ -133,7 +134,7 @@ func setPendingConn(h *nccl.Handle, id uint64) {
 //
 //	0  magic    uint64
 //	8  version  uint16
-//	10 index    uint8   stream index: 0..streams-1 data, 255 control
+//	10 index    uint8   stream index: 0..streams-1 data, 254 liveness, 255 control
 //	11 streams  uint8
 //	12 reserved uint32
 //	16 secret   [16]byte from the handle
@@ -141,6 +142,7 @@ func setPendingConn(h *nccl.Handle, id uint64) {
 const (
 	helloLen  = 40
 	ctrlIndex = 255
+	beatIndex = 254
 )
 
 type hello struct {
@@ -163,6 +165,36 @@ func (m *hello) encode(b []byte) {
 	binary.LittleEndian.PutUint64(b[32:], m.connID)
 }
 
+// helloVerdict is what a listener makes of a hello.
+type helloVerdict int
+
+const (
+	helloOK helloVerdict = iota
+	helloBadMagic
+	helloBadVersion
+	helloBadSecret
+	helloBadLayout
+)
+
+// checkHello judges a hello against the listener's own handle: a stream
+// joins a connection only with the right magic, version and secret, and an
+// index the announced layout has.
+func checkHello(m hello, want handleInfo) helloVerdict {
+	switch {
+	case m.magic != want.magic:
+		return helloBadMagic
+	case m.version != protoVersion:
+		return helloBadVersion
+	case m.secret != want.secret:
+		return helloBadSecret
+	case m.streams != want.streams || (m.index != ctrlIndex && m.index != beatIndex && m.index >= m.streams):
+		return helloBadLayout
+	}
+	return helloOK
+}
+
+// decodeHello reads a hello; b must hold helloLen bytes. The listener checks
+// the fields (greeting.check).
 func decodeHello(b []byte) hello {
 	var m hello
 	m.magic = binary.LittleEndian.Uint64(b[0:])
@@ -182,8 +214,39 @@ func decodeHello(b []byte) hello {
 //	8  tag      int32
 //	12 check    uint32  hdrCheck ^ sequence number, to catch a desync
 //
-// Nothing ever flows from the receiver to the sender (see checkPeer).
+// Nothing flows from the receiver to the sender on the control or data
+// streams: a sender closes as soon as its sends are handed to the kernel, and
+// a socket closed with unread bytes is reset, destroying what the receiver
+// has not read yet.
 const (
 	hdrLen   = 16
 	hdrCheck = 0x47534b48 // "GSKH"
 )
+
+type msgHeader struct {
+	size, ctrlLen, tag int
+}
+
+// parseHeader checks and reads a message header: seq is the message's
+// sequence number, streams the connection's data stream count.
+func parseHeader(h []byte, seq uint32, streams int) (msgHeader, error) {
+	var m msgHeader
+	if len(h) < hdrLen {
+		return m, nccl.Errorf(nccl.SystemError, "short header (%d bytes)", len(h))
+	}
+	if binary.LittleEndian.Uint32(h[12:]) != hdrCheck^seq {
+		return m, nccl.Errorf(nccl.SystemError, "sequence check %#x, expected %#x", binary.LittleEndian.Uint32(h[12:]), hdrCheck^seq)
+	}
+	m.size = int(binary.LittleEndian.Uint32(h[0:]))
+	m.ctrlLen = int(binary.LittleEndian.Uint32(h[4:]))
+	m.tag = int(int32(binary.LittleEndian.Uint32(h[8:])))
+	switch {
+	case m.size > nccl.MaxNetSize:
+		return m, nccl.Errorf(nccl.SystemError, "message of %d bytes (at most %d)", m.size, nccl.MaxNetSize)
+	case m.ctrlLen > m.size:
+		return m, nccl.Errorf(nccl.SystemError, "%d inline bytes of a %d-byte message", m.ctrlLen, m.size)
+	case m.ctrlLen < m.size && streams == 0:
+		return m, nccl.Errorf(nccl.SystemError, "%d bytes striped over a connection without data streams", m.size-m.ctrlLen)
+	}
+	return m, nil
+}

@@ -1,7 +1,6 @@
 package socket
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -22,11 +21,8 @@ type Transport struct {
 	log       nccl.Logger
 	ready     bool
 	devs      []device
-	ctx       context.Context
-	cancel    context.CancelFunc
 	pending   map[uint64]*connectOp
 	listeners map[*listener]struct{}
-	bg        sync.WaitGroup
 }
 
 // New returns an uninitialised socket transport, for nccl.Register.
@@ -79,8 +75,11 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 		names[i] = fmt.Sprintf("[%d]%s", i, d)
 	}
 	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : using %s (%s)", strings.Join(names, " "), how)
+	if nccl.PeerTimeout(t.log) <= 0 {
+		t.log.Warnf("NET/GoSocket : %s <= 0: a peer whose host vanishes (power loss, cut link) is never detected; "+
+			"its requests stay pending until NCCL's watchdog; closed or killed peers are still seen", nccl.EnvTimeout)
+	}
 	t.devs = devs
-	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.pending = map[uint64]*connectOp{}
 	t.listeners = map[*listener]struct{}{}
 	t.ready = true
@@ -135,54 +134,58 @@ func (t *Transport) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
 	return t.listen(d, h)
 }
 
-// Connect implements nccl.Transport. The first call starts a background
-// connect (with NCCL's retry policy) and records its id in the caller's
-// handle copy; later calls with that copy report the outcome.
+// Connect implements nccl.Transport. The first call starts a connect and
+// records its id in the caller's handle copy (NCCL passes the same buffer on
+// every retry); every call advances it without blocking (connect.go).
 func (t *Transport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (nccl.SendComm, error) {
 	d, err := t.device(dev)
 	if err != nil {
 		return nil, err
 	}
+	var op *connectOp
 	if id, ok := pendingConn(h); ok {
 		t.mu.Lock()
-		op := t.pending[id]
-		if op != nil && op.finished() {
-			delete(t.pending, id)
-		}
+		op = t.pending[id]
 		t.mu.Unlock()
 		if op == nil {
 			return nil, nccl.Errorf(nccl.InternalError, "connect retry with an unknown pending connection %#x (handle reused after it completed?)", id)
 		}
-		return op.result()
+	} else {
+		hi, err := decodeHandle(h, magic(t.log))
+		if err != nil {
+			t.log.Warnf("NET/GoSocket : connect: %v", err)
+			return nil, err
+		}
+		var idb [8]byte
+		if _, err := rand.Read(idb[:]); err != nil {
+			return nil, nccl.Errorf(nccl.SystemError, "reading random bytes: %w", err)
+		}
+		op = newConnectOp(binary.LittleEndian.Uint64(idb[:])|1, hi, d, t.log)
+		t.mu.Lock()
+		if !t.ready {
+			t.mu.Unlock()
+			return nil, nccl.Errorf(nccl.InternalError, "socket transport finalized")
+		}
+		t.pending[op.id] = op
+		t.mu.Unlock()
+		setPendingConn(h, op.id)
 	}
-	hi, err := decodeHandle(h, magic(t.log))
+	sc, err, done := op.poll()
+	if !done {
+		return nil, nil
+	}
+	t.mu.Lock()
+	delete(t.pending, op.id)
+	t.mu.Unlock()
 	if err != nil {
-		t.log.Warnf("NET/GoSocket : connect: %v", err)
 		return nil, err
 	}
-	var idb [8]byte
-	if _, err := rand.Read(idb[:]); err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "reading random bytes: %w", err)
-	}
-	op := &connectOp{t: t, dev: d, info: hi, id: binary.LittleEndian.Uint64(idb[:]) | 1, log: t.log}
-	t.mu.Lock()
-	if !t.ready {
-		t.mu.Unlock()
-		return nil, nccl.Errorf(nccl.InternalError, "socket transport finalized")
-	}
-	t.pending[op.id] = op
-	t.bg.Add(1)
-	t.mu.Unlock()
-	setPendingConn(h, op.id)
-	go func() {
-		defer t.bg.Done()
-		op.run(t.ctx)
-	}()
-	return nil, nil
+	return sc, nil
 }
 
-// Finalize implements nccl.Transport: it stops pending connects and closes
-// listeners and connections nobody claimed.
+// Finalize implements nccl.Transport: it ends pending connects and closes
+// listeners and the connections nobody claimed. Nothing runs in the
+// background, so nothing needs waiting for.
 func (t *Transport) Finalize() error {
 	t.mu.Lock()
 	if !t.ready {
@@ -190,25 +193,23 @@ func (t *Transport) Finalize() error {
 		return nil
 	}
 	t.ready = false
-	t.cancel()
+	ops := make([]*connectOp, 0, len(t.pending))
+	for id, op := range t.pending {
+		ops = append(ops, op)
+		delete(t.pending, id)
+	}
 	ls := make([]*listener, 0, len(t.listeners))
 	for l := range t.listeners {
 		ls = append(ls, l)
 	}
+	t.devs = nil
 	t.mu.Unlock()
+	for _, op := range ops {
+		op.abort()
+	}
 	for _, l := range ls {
 		l.Close()
 	}
-	t.bg.Wait()
-	t.mu.Lock()
-	for id, op := range t.pending {
-		if c, _ := op.result(); c != nil {
-			c.Close()
-		}
-		delete(t.pending, id)
-	}
-	t.devs = nil
-	t.mu.Unlock()
 	return nil
 }
 

@@ -2,7 +2,6 @@ package socket
 
 import (
 	"encoding/binary"
-	"net"
 	"sync/atomic"
 	"unsafe"
 
@@ -24,11 +23,11 @@ type sendReq struct {
 	seq     uint32
 	striped bool
 	active  bool
-	left    atomic.Int32 // chunks not yet written by the streams
+	left    atomic.Int32 // chunks not yet written to the data streams
 }
 
-// sendComm is the sending end. Everything but the stream goroutines runs on
-// NCCL's progress thread; its state needs no lock.
+// sendComm is the sending end. Everything but the helpers runs on NCCL's
+// progress thread; its state needs no lock.
 type sendComm struct {
 	core
 	inline int
@@ -46,13 +45,12 @@ type sendComm struct {
 	txHead, txN int
 	seq         uint32
 	iw          iovWriter
-	peekBuf     [64]byte
 }
 
-func newSendComm(ctrl *net.TCPConn, streams []*net.TCPConn, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
-	s := &sendComm{inline: inlineLimit(log)}
-	s.idleInline = max(s.inline, idleInlineLimit(log))
-	if err := s.core.init(ctrl, streams, hi, o, log, true); err != nil {
+func newSendComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
+	s := &sendComm{inline: o.inline}
+	s.idleInline = max(s.inline, o.idleInline)
+	if err := s.core.init(cs, hi, o, log, true); err != nil {
 		return nil, err
 	}
 	for i := range s.free {
@@ -66,8 +64,8 @@ func newSendComm(ctrl *net.TCPConn, streams []*net.TCPConn, hi handleInfo, o soc
 func (s *sendComm) PeerAddr() string { return s.peer }
 
 // Isend implements nccl.SendComm. It queues the header (and small payloads)
-// on the control stream and tries to write it at once; large payloads go to
-// the data streams.
+// on the control stream and the rest on the data streams, and starts writing
+// at once, on this thread.
 func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandle) (nccl.Request, error) {
 	if err := s.failed(); err != nil {
 		return nccl.NoRequest, err
@@ -75,34 +73,45 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if s.nfree == 0 {
 		return nccl.NoRequest, nil
 	}
+	// Striping pays when messages queue up; a lone message below
+	// idleInline is latency-bound, and splitting it over streams costs
+	// more syscalls on each side than writing it in one piece.
+	idle := s.nfree == maxSends
+	striped := size > s.inline && len(s.streams) > 0 && (size > s.idleInline || !idle)
+	if striped && !s.canStripe() {
+		return nccl.NoRequest, nil
+	}
 	s.nfree--
 	id := s.free[s.nfree]
 	r := &s.reqs[id]
-	r.data, r.size, r.off, r.active = data, size, 0, true
+	r.data, r.size, r.off, r.active, r.striped = data, size, 0, true, striped
 	r.seq = s.seq
 	s.seq++
-	// Striping pays when messages queue up; a lone message below
-	// idleInline is latency-bound, and handing it to the stream goroutines
-	// (a wake-up on each side) costs more than writing it from this thread.
-	idle := s.nfree == maxSends-1 // this is the only send in flight
-	r.striped = size > s.inline && len(s.streams) > 0 && (size > s.idleInline || !idle)
 	r.ctrlLen = size
-	if r.striped {
+	if striped {
 		r.ctrlLen = 0
 	}
 	binary.LittleEndian.PutUint32(r.hdr[0:], uint32(size))
 	binary.LittleEndian.PutUint32(r.hdr[4:], uint32(r.ctrlLen))
 	binary.LittleEndian.PutUint32(r.hdr[8:], uint32(int32(tag)))
 	binary.LittleEndian.PutUint32(r.hdr[12:], hdrCheck^r.seq)
-	if r.striped {
-		if !s.stripe(data, 0, size, &r.left) {
-			return nccl.NoRequest, s.fail(nccl.InternalError, "socket transport: stream queue overflow (a bug)")
-		}
+	if striped {
+		s.stripe(data, 0, size, &r.left)
 	}
 	s.txq[(s.txHead+s.txN)%maxSends] = id
 	s.txN++
-	s.flushCtrl()
+	s.progress()
 	return nccl.Request(id), nil
+}
+
+// progress writes what the control and data streams take now.
+func (s *sendComm) progress() {
+	if s.txN > 0 {
+		s.flushCtrl()
+	}
+	if len(s.streams) > 0 {
+		s.pump(true)
+	}
 }
 
 // flushCtrl writes queued headers and inline payloads, several messages per
@@ -120,7 +129,7 @@ func (s *sendComm) flushCtrl() {
 				s.iw.add(unsafe.Add(r.data, p), r.ctrlLen-p)
 			}
 		}
-		n, err := s.iw.flush(s.fd)
+		n, err := s.iw.flush(s.ctrl)
 		if err != nil {
 			s.fail(nccl.SystemError, "sending to %s failed: %v", s.peer, err)
 			return
@@ -128,7 +137,6 @@ func (s *sendComm) flushCtrl() {
 		if n == 0 {
 			return
 		}
-		s.moved.Add(1)
 		for n > 0 {
 			r := &s.reqs[s.txq[s.txHead]]
 			k := min(n, hdrLen+r.ctrlLen-r.off)
@@ -142,31 +150,15 @@ func (s *sendComm) flushCtrl() {
 	}
 }
 
-// checkPeer reads the control stream, on which the receiver never writes:
-// end of file means it closed. The receiver must never write there: a
-// sender that closes with unread bytes in its socket makes the kernel reset
-// the connection, destroying messages the receiver has not read yet.
-func (s *sendComm) checkPeer() {
-	n, eof, err := recvInto(s.fd, unsafe.Pointer(&s.peekBuf[0]), len(s.peekBuf))
-	switch {
-	case err != nil:
-		s.fail(nccl.SystemError, "connection to %s failed: %v", s.peer, err)
-	case eof:
-		s.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed)", s.peer)
-	case n > 0:
-		s.fail(nccl.SystemError, "protocol error: %s wrote on the control stream", s.peer)
-	}
-}
-
 // Test implements nccl.SendComm.
 func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
 	if req < 0 || int(req) >= maxSends || !s.reqs[req].active {
-		return false, 0, nccl.Errorf(nccl.InternalError, "test of send request %d that is not in flight", req)
-	}
-	if s.txN > 0 {
-		s.flushCtrl()
+		return false, 0, nccl.Errorf(nccl.InvalidArgument, "test of send request %d that is not in flight", req)
 	}
 	r := &s.reqs[req]
+	if r.off < hdrLen+r.ctrlLen || r.left.Load() != 0 {
+		s.progress()
+	}
 	if r.off == hdrLen+r.ctrlLen && r.left.Load() == 0 {
 		r.active = false
 		r.data = nil
@@ -177,17 +169,14 @@ func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
 	if err := s.failed(); err != nil {
 		return false, 0, err
 	}
-	// A large send blocked on its data streams learns of a closed receiver
-	// here (writes into full socket buffers would not). A peer that is gone
-	// without closing is caught by TCP_USER_TIMEOUT (= NCCL_GO_TIMEOUT): the
-	// streams' writes fail. A receiver that simply has not posted yet is
-	// not a failure, and from here the two look alike, so no clock runs on
-	// this side.
-	if r.striped && s.tick() {
-		s.checkPeer()
-		if err := s.failed(); err != nil {
-			return false, 0, err
-		}
+	// A send waits for the receiver to read, however long that takes, as
+	// long as the receiver is alive (live.go). A receiver that closed its
+	// end will never read what is still queued here.
+	if s.checkLive() == livePeerClosed {
+		s.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed) before receiving everything sent", s.peer)
+	}
+	if err := s.failed(); err != nil {
+		return false, 0, err
 	}
 	return false, 0, nil
 }

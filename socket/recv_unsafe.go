@@ -1,8 +1,6 @@
 package socket
 
 import (
-	"encoding/binary"
-	"net"
 	"sync/atomic"
 	"unsafe"
 
@@ -25,8 +23,11 @@ type recvReq struct {
 	// still arriving on the control stream.
 	ctrlBusy bool
 	active   bool
-	err      error
-	left     atomic.Int32 // chunks the data streams have not delivered yet
+	// err: a message was larger than its buffer. The request fails once
+	// every message matched to it is drained (no buffer of a request is
+	// touched after test reported it), and then frees its slot.
+	err  error
+	left atomic.Int32 // chunks the data streams have not delivered yet
 }
 
 // stageSize is the control stream's read buffer: headers and inline
@@ -35,10 +36,13 @@ type recvReq struct {
 const (
 	stageSize = 128 << 10
 	directMin = 4096
+	// bypassMin: after an inline message this large, the next header is
+	// read alone (fill) so its payload is not staged and copied.
+	bypassMin = 64 << 10
 )
 
-// recvComm is the receiving end. Like sendComm, all of it but the stream
-// goroutines runs on NCCL's progress thread without locks.
+// recvComm is the receiving end. Like sendComm, all of it but the helpers
+// runs on NCCL's progress thread without locks.
 type recvComm struct {
 	core
 
@@ -60,6 +64,7 @@ type recvComm struct {
 	curOff  int
 	curLeft int
 	expect  uint32 // sequence number of the next header
+	bigNext bool   // the last matched message had a large inline payload
 	polls   uint32
 	// ctrlEOF: the sender closed its end. Messages already on the wire are
 	// still delivered (the sender closes once its sends are handed to the
@@ -68,10 +73,9 @@ type recvComm struct {
 	ctrlEOF bool
 }
 
-func newRecvComm(ctrl *net.TCPConn, streams []*net.TCPConn, hi handleInfo, o sockOpts, log nccl.Logger) (*recvComm, error) {
+func newRecvComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*recvComm, error) {
 	r := &recvComm{stage: make([]byte, stageSize)}
-	if err := r.core.init(ctrl, streams, hi, o, log, false); err != nil {
-		closeAll(ctrl, streams)
+	if err := r.core.init(cs, hi, o, log, false); err != nil {
 		return nil, err
 	}
 	for i := range r.free {
@@ -111,9 +115,9 @@ func (r *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	return nccl.Request(id), nil
 }
 
-// fill reads what the control stream has into the staging buffer; false when
-// nothing came (or the connection failed).
-func (r *recvComm) fill() bool {
+// fill reads what the control stream has into the staging buffer, at most
+// max bytes; false when nothing came (or the connection failed).
+func (r *recvComm) fill(max int) bool {
 	if r.sr == r.sw {
 		r.sr, r.sw = 0, 0
 	} else if r.sw == len(r.stage) {
@@ -123,7 +127,7 @@ func (r *recvComm) fill() bool {
 	if r.sw == len(r.stage) || r.ctrlEOF {
 		return false
 	}
-	n, eof, err := recvInto(r.fd, unsafe.Pointer(&r.stage[r.sw]), len(r.stage)-r.sw)
+	n, eof, err := recvInto(r.ctrl, unsafe.Pointer(&r.stage[r.sw]), min(max, len(r.stage)-r.sw))
 	if err != nil {
 		r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
 		return false
@@ -136,13 +140,18 @@ func (r *recvComm) fill() bool {
 		return false
 	}
 	r.sw += n
-	r.moved.Add(1)
 	return true
 }
 
-// progress moves everything the control stream has for posted receives.
-func (r *recvComm) progress() {
-	r.drain()
+// progress moves everything the control and data streams have for posted
+// receives.
+func (r *recvComm) progress(ctrl bool) {
+	if ctrl {
+		r.drain()
+	}
+	if len(r.streams) > 0 {
+		r.pump(false)
+	}
 	if r.ctrlEOF && (r.cur || (r.postN > 0 && r.sw-r.sr < hdrLen)) && r.err.Load() == nil {
 		r.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed) while receives were still posted", r.peer)
 	}
@@ -167,7 +176,7 @@ func (r *recvComm) drain() {
 				continue
 			}
 			if r.curDst != nil && r.curLeft >= directMin {
-				n, eof, err := recvInto(r.fd, unsafe.Add(r.curDst, r.curOff), r.curLeft)
+				n, eof, err := recvInto(r.ctrl, unsafe.Add(r.curDst, r.curOff), r.curLeft)
 				if err != nil {
 					r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
 					return
@@ -181,16 +190,22 @@ func (r *recvComm) drain() {
 				}
 				r.curOff += n
 				r.curLeft -= n
-				r.moved.Add(1)
 				continue
 			}
-			if !r.fill() {
+			if !r.fill(len(r.stage)) {
 				return
 			}
 			continue
 		}
 		if r.sw-r.sr < hdrLen {
-			if !r.fill() || r.sw-r.sr < hdrLen {
+			// After a large inline message the next is likely large too:
+			// read just its header, so that its payload goes straight into
+			// the destination instead of through the staging buffer.
+			want := len(r.stage)
+			if r.bigNext {
+				want = hdrLen - (r.sw - r.sr)
+			}
+			if !r.fill(want) || r.sw-r.sr < hdrLen {
 				return
 			}
 		}
@@ -208,14 +223,16 @@ func (r *recvComm) drain() {
 // the sender's tag.
 func (r *recvComm) match() bool {
 	h := r.stage[r.sr : r.sr+hdrLen]
-	size := int(binary.LittleEndian.Uint32(h[0:]))
-	ctrlLen := int(binary.LittleEndian.Uint32(h[4:]))
-	tag := int(int32(binary.LittleEndian.Uint32(h[8:])))
-	if binary.LittleEndian.Uint32(h[12:]) != hdrCheck^r.expect || ctrlLen > size || size > nccl.MaxNetSize ||
-		(ctrlLen < size && len(r.streams) == 0) {
-		r.fail(nccl.SystemError, "protocol error on the control stream from %s (message %d: header %x); the connection is unusable",
-			r.peer, r.expect, h)
+	m, err := parseHeader(h, r.expect, len(r.streams))
+	if err != nil {
+		r.fail(nccl.SystemError, "protocol error on the control stream from %s (message %d: %v; header %x); the connection is unusable",
+			r.peer, r.expect, err, h)
 		return false
+	}
+	size, ctrlLen, tag := m.size, m.ctrlLen, m.tag
+	r.bigNext = ctrlLen >= bypassMin
+	if size > ctrlLen && !r.canStripe() {
+		return false // a stream queue is full: match once it drained
 	}
 	q := &r.reqs[r.postq[r.postHead]]
 	slot := -1
@@ -236,7 +253,6 @@ func (r *recvComm) match() bool {
 	}
 	r.sr += hdrLen
 	r.expect++
-	r.touch()
 	q.filled[slot] = true
 	q.matched++
 	if q.matched == q.n {
@@ -247,7 +263,8 @@ func (r *recvComm) match() bool {
 	if size > q.bufs[slot].size {
 		if q.err == nil {
 			e := nccl.Errorf(nccl.InvalidUsage, "message truncated: peer %s sent %d bytes, the posted receive holds %d; "+
-				"the ranks disagree on the message size (an application or NCCL bug); the excess is discarded",
+				"the ranks disagree on the message size (a mismatch in collective sizes or in settings such as NCCL_PROTO "+
+				"or NCCL_ALGO between ranks); the message is discarded, the connection stays usable",
 				r.peer, size, q.bufs[slot].size)
 			r.log.Warnf("NET/GoSocket : %v", e)
 			q.err = e
@@ -260,50 +277,46 @@ func (r *recvComm) match() bool {
 		r.cur, r.curReq, r.curDst, r.curOff, r.curLeft = true, q, dst, 0, ctrlLen
 		q.ctrlBusy = true
 	}
-	if size > ctrlLen {
-		if !r.stripe(dst, ctrlLen, size, &q.left) {
-			r.fail(nccl.InternalError, "socket transport: stream queue overflow (a bug)")
-			return false
-		}
-	}
+	r.stripe(dst, ctrlLen, size, &q.left)
 	return true
 }
 
 // Test implements nccl.RecvComm.
 func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 	if req < 0 || int(req) >= nccl.MaxRequests || !r.reqs[req].active {
-		return false, nccl.Errorf(nccl.InternalError, "test of receive request %d that is not in flight", req)
+		return false, nccl.Errorf(nccl.InvalidArgument, "test of receive request %d that is not in flight", req)
 	}
 	q := &r.reqs[req]
 	// A receive that only waits for its data streams needs nothing from the
 	// control stream; it still reads it now and then so later messages get
 	// matched (and their chunks queued) while this one drains.
 	r.polls++
-	if q.matched < q.n || q.ctrlBusy || r.polls&7 == 0 {
-		r.progress()
-	}
-	if q.err != nil {
-		return false, q.err
-	}
+	r.progress(q.matched < q.n || q.ctrlBusy || r.polls&7 == 0)
 	if q.matched == q.n && !q.ctrlBusy && q.left.Load() == 0 {
-		copy(sizes, q.sizes[:q.n])
+		err := q.err
+		if err == nil {
+			copy(sizes, q.sizes[:q.n])
+		}
 		q.active = false
+		q.err = nil
 		for i := 0; i < q.n; i++ {
 			q.bufs[i].p = nil
 		}
 		r.free[r.nfree] = int8(req)
 		r.nfree++
-		return true, nil
+		return err == nil, err
 	}
 	if err := r.failed(); err != nil {
 		return false, err
 	}
-	// Only a message already matched and still arriving can stall; a
-	// receive waiting for the peer to send is fine however long it waits.
-	if (q.ctrlBusy || q.left.Load() > 0) && r.tick() {
-		if err := r.stalled("a receive"); err != nil {
-			return false, err
-		}
+	// A receive waits for its message however long the sender takes, as
+	// long as the sender is alive (live.go). A sender that closed is seen
+	// on the control and data streams themselves (end of file after the
+	// last byte it sent), so the liveness stream's end of file is no
+	// verdict here.
+	r.checkLive()
+	if err := r.failed(); err != nil {
+		return false, err
 	}
 	return false, nil
 }

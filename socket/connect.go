@@ -1,0 +1,295 @@
+package socket
+
+import (
+	"errors"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// A connect is a state machine advanced by NCCL's repeated connect calls, on
+// NCCL's own thread: every stream's socket connects without blocking, its
+// completion is polled with a zero timeout, its hello is written into the
+// empty socket buffer. No goroutine runs, so there is nothing to stop on
+// Finalize or abort, and a connect that is no longer polled just holds its
+// descriptors until Finalize closes them.
+//
+// Refused, unreachable and timed-out attempts are retried as NCCL does
+// (NCCL_SOCKET_RETRY_CNT times, NCCL_SOCKET_RETRY_SLEEP_MSEC × attempt
+// apart); the whole connect, retries and unanswered SYNs included, ends after
+// NCCL_GO_TIMEOUT.
+
+type dialState uint8
+
+const (
+	dialWait       dialState = iota // waiting to (re)try at retryAt
+	dialConnecting                  // connect in progress
+	dialHello                       // connected, hello partly written
+	dialDone                        // hello written
+)
+
+type dialSock struct {
+	fd      int
+	index   int // hello index
+	state   dialState
+	attempt int
+	retryAt int64
+	sent    int
+	hello   [helloLen]byte
+}
+
+// connectOp is one connection being set up.
+type connectOp struct {
+	id    uint64
+	log   nccl.Logger
+	info  handleInfo
+	addr  string
+	sa    unix.Sockaddr
+	opts  sockOpts
+	pol   retry
+	start int64
+	// deadline: NCCL_GO_TIMEOUT after start (its default when it is off).
+	deadline int64
+
+	mu      sync.Mutex
+	socks   []dialSock // [0] control, [1] liveness, [2:] data streams
+	pfds    []unix.PollFd
+	pidx    []int
+	lastErr error
+	done    bool
+	claimed bool // poll handed the outcome out
+	comm    *sendComm
+	err     error
+}
+
+func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connectOp {
+	op := &connectOp{id: id, log: log, info: hi, opts: readSockOpts(log, hi.streams), pol: retryPolicy(log), start: now()}
+	scope := 0
+	a := hi.addr.Addr()
+	if a.Is6() && (a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()) {
+		// A link-local address is only meaningful on our own device's link.
+		scope = d.index
+	}
+	op.sa = sockaddrOf(hi.addr, scope)
+	op.addr = dialAddr(hi, d)
+	op.deadline = op.start + int64(setupBound(op.opts.timeout))
+	h := hello{magic: magic(log), version: protoVersion, streams: hi.streams, secret: hi.secret, connID: id}
+	op.socks = make([]dialSock, 2+hi.streams)
+	for i := range op.socks {
+		s := &op.socks[i]
+		s.fd = -1
+		switch i {
+		case 0:
+			s.index = ctrlIndex
+		case 1:
+			s.index = beatIndex
+		default:
+			s.index = i - 2
+		}
+		h.index = s.index
+		h.encode(s.hello[:])
+	}
+	op.pfds = make([]unix.PollFd, 0, len(op.socks))
+	op.pidx = make([]int, 0, len(op.socks))
+	return op
+}
+
+// poll advances the connect; it returns the comm once every stream is
+// connected and greeted, or the error that ended it.
+func (op *connectOp) poll() (*sendComm, error, bool) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	op.step()
+	op.claimed = op.done
+	return op.comm, op.err, op.done
+}
+
+func (op *connectOp) step() {
+	if op.done {
+		return
+	}
+	t := now()
+	for i := range op.socks {
+		if s := &op.socks[i]; s.state == dialWait && t >= s.retryAt {
+			op.dial(i, t)
+			if op.done {
+				return
+			}
+		}
+	}
+	op.pfds, op.pidx = op.pfds[:0], op.pidx[:0]
+	for i := range op.socks {
+		if s := &op.socks[i]; s.state == dialConnecting {
+			op.pfds = append(op.pfds, unix.PollFd{Fd: int32(s.fd), Events: unix.POLLOUT})
+			op.pidx = append(op.pidx, i)
+		}
+	}
+	if len(op.pfds) > 0 {
+		if _, err := poll(op.pfds, 0); err != nil {
+			op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: poll: %w", op.addr, err))
+			return
+		}
+		for k, p := range op.pfds {
+			if p.Revents != 0 {
+				op.connected(op.pidx[k], t)
+				if op.done {
+					return
+				}
+			}
+		}
+	}
+	done := 0
+	for i := range op.socks {
+		s := &op.socks[i]
+		if s.state == dialHello {
+			n, err := sendSlice(s.fd, s.hello[s.sent:])
+			if err != nil {
+				op.log.Warnf("NET/GoSocket : handshake with %s failed: %v (the listener closed the connection: "+
+					"it exited, or it rejected this connection's magic, version or secret)", op.addr, err)
+				op.finish(nccl.Errorf(nccl.SystemError, "handshake with %s: %w", op.addr, err))
+				return
+			}
+			if s.sent += n; s.sent == helloLen {
+				s.state = dialDone
+			}
+		}
+		if s.state == dialDone {
+			done++
+		}
+	}
+	if done == len(op.socks) {
+		cs := conns{ctrl: op.socks[0].fd, beat: op.socks[1].fd, data: make([]int, op.info.streams)}
+		for i := range cs.data {
+			cs.data[i] = op.socks[2+i].fd
+		}
+		for i := range op.socks {
+			op.socks[i].fd = -1 // the comm owns them now
+		}
+		sc, err := newSendComm(cs, op.info, op.opts, op.log)
+		if err != nil {
+			op.log.Warnf("NET/GoSocket : setting up the connection to %s: %v", op.addr, err)
+			op.finish(err)
+			return
+		}
+		op.comm = sc
+		op.done = true
+		return
+	}
+	if t >= op.deadline {
+		why := "no answer (SYNs unanswered: the host is down, or a firewall drops them)"
+		if op.lastErr != nil {
+			why = "last error: " + op.lastErr.Error()
+		}
+		bound := setupBound(op.opts.timeout)
+		op.log.Warnf("NET/GoSocket : connect to %s: %d of %d streams connected within %s=%v; %s; check that the peer "+
+			"is alive and that %s selects an interface that can reach it", op.addr, done, len(op.socks),
+			nccl.EnvTimeout, bound, why, envIfname)
+		op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: not connected within %s=%v (%s)", op.addr,
+			nccl.EnvTimeout, bound, why))
+	}
+}
+
+// dial starts a connect attempt of stream i.
+func (op *connectOp) dial(i int, t int64) {
+	s := &op.socks[i]
+	fd, err := newSocket(op.info.addr, op.opts)
+	if err == nil {
+		if s.index == beatIndex {
+			err = setupLiveness(fd, op.opts.live)
+		} else {
+			err = setNoDelay(fd)
+		}
+		if err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		op.log.Warnf("NET/GoSocket : cannot create a socket to connect to %s: %v%s", op.addr, err, fdHint(err))
+		op.finish(nccl.Errorf(nccl.SystemError, "socket for %s: %w", op.addr, err))
+		return
+	}
+	s.fd, s.sent = fd, 0
+	switch err := unix.Connect(fd, op.sa); err {
+	case nil:
+		s.state = dialHello
+	case unix.EINPROGRESS:
+		s.state = dialConnecting
+	default:
+		op.attemptFailed(i, err, t)
+	}
+}
+
+// connected handles a finished connect of stream i.
+func (op *connectOp) connected(i int, t int64) {
+	s := &op.socks[i]
+	e, err := unix.GetsockoptInt(s.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err == nil && e != 0 {
+		err = syscall.Errno(e)
+	}
+	if err != nil {
+		op.attemptFailed(i, err, t)
+		return
+	}
+	s.state = dialHello
+}
+
+func (op *connectOp) attemptFailed(i int, err error, t int64) {
+	s := &op.socks[i]
+	unix.Close(s.fd)
+	s.fd = -1
+	op.lastErr = err
+	if retryable(err) && s.attempt < op.pol.cnt {
+		s.attempt++
+		s.retryAt = t + int64(op.pol.sleep)*int64(s.attempt)
+		s.state = dialWait
+		return
+	}
+	op.log.Warnf("NET/GoSocket : connect to %s failed after %d retries: %v; check that the peer is alive and "+
+		"that %s selects an interface that can reach it (%s / %s tune the retries, %s bounds them)",
+		op.addr, s.attempt, err, envIfname, envRetryCnt, envRetrySleep, nccl.EnvTimeout)
+	op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: %w", op.addr, err))
+}
+
+// finish ends the connect with err, closing every socket it opened.
+func (op *connectOp) finish(err error) {
+	for i := range op.socks {
+		if s := &op.socks[i]; s.fd >= 0 {
+			unix.Close(s.fd)
+			s.fd = -1
+		}
+	}
+	op.err, op.done = err, true
+}
+
+// abort ends the connect for Finalize: sockets are closed, and a comm that
+// was made but never handed to NCCL is closed too.
+func (op *connectOp) abort() {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if !op.done {
+		op.finish(nccl.Errorf(nccl.InternalError, "connect to %s abandoned: the transport was finalized", op.addr))
+		return
+	}
+	if op.comm != nil && !op.claimed {
+		op.comm.Close()
+		op.comm = nil
+		op.err = nccl.Errorf(nccl.InternalError, "connect to %s abandoned: the transport was finalized", op.addr)
+	}
+}
+
+// retryable are the errors NCCL retries a connect on: the listener may not
+// be up yet, or the network may be briefly unreachable.
+func retryable(err error) bool {
+	return errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ETIMEDOUT) ||
+		errors.Is(err, unix.EHOSTUNREACH) || errors.Is(err, unix.ENETUNREACH)
+}
+
+func fdHint(err error) string {
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+		return "; raise the open-files limit (ulimit -n)"
+	}
+	return ""
+}

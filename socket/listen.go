@@ -1,0 +1,310 @@
+package socket
+
+import (
+	"crypto/rand"
+	"errors"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// A listener is advanced by NCCL's accept calls, on NCCL's thread, like a
+// connect: each call accepts what the kernel queued (non-blocking), reads
+// what arrived of each stream's hello, files complete hellos by connection,
+// and hands out a connection once its control, liveness and data streams are
+// all there. A silent or hostile client only occupies a descriptor until its
+// hello deadline; it never holds up the real peer, and no goroutine exists to
+// be stopped on close.
+
+const (
+	// acceptBatch bounds the connections one accept call takes from the
+	// kernel, so that a flood cannot make it run long.
+	acceptBatch = 64
+	// maxGreeting bounds connections whose hello is still awaited; beyond
+	// it the oldest is dropped.
+	maxGreeting = 1024
+)
+
+type listener struct {
+	t       *Transport
+	log     nccl.Logger
+	fd      int
+	addr    string
+	info    handleInfo
+	opts    sockOpts
+	hello   int64 // NCCL_GO_SOCKET_HELLO_TIMEOUT
+	partial int64 // how long a connection's streams may take to all arrive
+
+	mu       sync.Mutex
+	closed   bool
+	greeting []*greeting
+	conns    map[uint64]*incoming
+	ready    []*recvComm // complete, not yet handed out
+	fdWarned bool
+}
+
+// greeting is an accepted stream whose hello is still arriving.
+type greeting struct {
+	fd    int
+	peer  string
+	since int64
+	got   int
+	buf   [helloLen]byte
+}
+
+// incoming is a connection whose streams are still arriving.
+type incoming struct {
+	cs    conns
+	have  int
+	since int64
+	peer  string
+}
+
+func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
+	streams := streamCount(t.log)
+	l := &listener{t: t, log: t.log, opts: readSockOpts(t.log, streams), conns: map[uint64]*incoming{}}
+	l.hello = int64(helloTimeout(t.log))
+	// A connector gives up setupBound after it started, before its first
+	// stream arrived here: a connection still incomplete that long after
+	// its first stream never will be.
+	l.partial = int64(setupBound(l.opts.timeout))
+	bind := netip.AddrPortFrom(d.addr.WithZone(""), 0)
+	fd, err := newSocket(bind, l.opts)
+	if err == nil {
+		scope := 0
+		if d.addr.Is6() && d.addr.IsLinkLocalUnicast() {
+			scope = d.index
+		}
+		if err = unix.Bind(fd, sockaddrOf(bind, scope)); err == nil {
+			err = unix.Listen(fd, unix.SOMAXCONN)
+		}
+		if err != nil {
+			unix.Close(fd)
+		}
+	}
+	var sa unix.Sockaddr
+	if err == nil {
+		if sa, err = unix.Getsockname(fd); err != nil {
+			unix.Close(fd)
+		}
+	}
+	if err != nil {
+		t.log.Warnf("NET/GoSocket : listen on %s (%s) failed: %v; check %s%s", d.name, d.addr, err, envIfname, fdHint(err))
+		return nil, nccl.Errorf(nccl.SystemError, "listen on %s: %w", d, err)
+	}
+	l.fd = fd
+	port := addrPortOf(sa).Port()
+	l.addr = netip.AddrPortFrom(d.addr, port).String()
+	l.info = handleInfo{magic: magic(t.log), version: protoVersion, addr: netip.AddrPortFrom(d.addr.WithZone(""), port),
+		streams: streams, minChunk: minChunk(t.log)}
+	if _, err := rand.Read(l.info.secret[:]); err != nil {
+		unix.Close(fd)
+		return nil, nccl.Errorf(nccl.SystemError, "reading random bytes: %w", err)
+	}
+	encodeHandle(h, &l.info)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ready {
+		unix.Close(fd)
+		return nil, nccl.Errorf(nccl.InternalError, "socket transport finalized")
+	}
+	t.listeners[l] = struct{}{}
+	return l, nil
+}
+
+// Accept implements nccl.Listener; it never blocks.
+func (l *listener) Accept() (nccl.RecvComm, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil, nccl.Errorf(nccl.InvalidArgument, "accept on a closed listener (%s)", l.addr)
+	}
+	t := now()
+	if err := l.acceptNew(t); err != nil {
+		return nil, err
+	}
+	l.readHellos(t)
+	l.expire(t)
+	if len(l.ready) == 0 {
+		return nil, nil
+	}
+	rc := l.ready[0]
+	l.ready = l.ready[1:]
+	return rc, nil
+}
+
+// acceptNew takes the connections the kernel has queued.
+func (l *listener) acceptNew(t int64) error {
+	for i := 0; i < acceptBatch; i++ {
+		fd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch {
+		case err == unix.EAGAIN:
+			return nil
+		case err == unix.EINTR || err == unix.ECONNABORTED:
+			continue
+		case errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM):
+			// The connector keeps its connection until we can take it.
+			if !l.fdWarned {
+				l.fdWarned = true
+				l.log.Warnf("NET/GoSocket : accept on %s: %v; raise the open-files limit (ulimit -n)", l.addr, err)
+			}
+			return nil
+		case err != nil:
+			l.log.Warnf("NET/GoSocket : accept on %s failed: %v", l.addr, err)
+			return nccl.Errorf(nccl.SystemError, "accept on %s: %w", l.addr, err)
+		}
+		l.fdWarned = false
+		if len(l.greeting) >= maxGreeting {
+			g := l.greeting[0]
+			l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: %d connections are already "+
+				"waiting to say hello", g.peer, l.addr, maxGreeting)
+			unix.Close(g.fd)
+			l.greeting = l.greeting[1:]
+		}
+		l.greeting = append(l.greeting, &greeting{fd: fd, peer: addrPortOf(sa).String(), since: t})
+	}
+	return nil
+}
+
+// readHellos reads what arrived of each pending hello and files the
+// complete ones.
+func (l *listener) readHellos(t int64) {
+	keep := l.greeting[:0]
+	for _, g := range l.greeting {
+		n, eof, err := recvSlice(g.fd, g.buf[g.got:])
+		g.got += n
+		switch {
+		case g.got == helloLen:
+			l.file(g, t)
+			continue
+		case err != nil || eof:
+			why := "it closed the connection"
+			if err != nil {
+				why = err.Error()
+			}
+			l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: no valid hello (%s)", g.peer, l.addr, why)
+		case t-g.since > l.hello:
+			l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: no valid hello within %v (%s)",
+				g.peer, l.addr, time.Duration(l.hello), envHelloTimeout)
+		default:
+			keep = append(keep, g)
+			continue
+		}
+		unix.Close(g.fd)
+	}
+	clear(l.greeting[len(keep):])
+	l.greeting = keep
+}
+
+// file checks a complete hello and adds its stream to its connection.
+func (l *listener) file(g *greeting, t int64) {
+	m := decodeHello(g.buf[:])
+	bad := checkHello(m, l.info)
+	switch bad {
+	case helloBadMagic:
+		l.log.Warnf("NET/GoSocket : discarding connection from %s to %s: socket magic %#x, expected %#x "+
+			"(another job, or a different %s)", g.peer, l.addr, m.magic, l.info.magic, envMagic)
+	case helloBadVersion:
+		l.log.Warnf("NET/GoSocket : discarding connection from %s: protocol version %d, this library speaks %d "+
+			"(use the same libnccl-net-go on every host)", g.peer, m.version, protoVersion)
+	case helloBadSecret:
+		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: wrong listen secret (a stale or foreign connection)", g.peer, l.addr)
+	case helloBadLayout:
+		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s: stream %d of %d, expected %d streams", g.peer, m.index, m.streams, l.info.streams)
+	}
+	var err error
+	if bad == helloOK {
+		if m.index == beatIndex {
+			err = setupLiveness(g.fd, l.opts.live)
+		} else {
+			err = setNoDelay(g.fd)
+		}
+		if err != nil {
+			l.log.Warnf("NET/GoSocket : setting socket options on the connection from %s: %v", g.peer, err)
+		}
+	}
+	if bad != helloOK || err != nil {
+		unix.Close(g.fd)
+		return
+	}
+	in := l.conns[m.connID]
+	if in == nil {
+		in = &incoming{cs: conns{ctrl: -1, beat: -1, data: make([]int, l.info.streams)}, since: t, peer: g.peer}
+		for i := range in.cs.data {
+			in.cs.data[i] = -1
+		}
+		l.conns[m.connID] = in
+	}
+	slot := &in.cs.ctrl
+	switch m.index {
+	case ctrlIndex:
+	case beatIndex:
+		slot = &in.cs.beat
+	default:
+		slot = &in.cs.data[m.index]
+	}
+	if *slot >= 0 {
+		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding a second stream %d of connection %#x from %s", m.index, m.connID, g.peer)
+		unix.Close(g.fd)
+		return
+	}
+	*slot = g.fd
+	if in.have++; in.have < l.info.streams+2 {
+		return
+	}
+	delete(l.conns, m.connID)
+	rc, err := newRecvComm(in.cs, l.info, l.opts, l.log)
+	if err != nil {
+		l.log.Warnf("NET/GoSocket : setting up the connection from %s: %v", in.peer, err)
+		return
+	}
+	l.ready = append(l.ready, rc)
+}
+
+// expire drops connections whose streams did not all arrive in time: their
+// connector gave up (or died) half way.
+func (l *listener) expire(t int64) {
+	for id, in := range l.conns {
+		if t-in.since <= l.partial {
+			continue
+		}
+		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding a half-open connection from %s to %s: %d of %d streams "+
+			"arrived within %v", in.peer, l.addr, in.have, l.info.streams+2, time.Duration(l.partial))
+		in.cs.close()
+		delete(l.conns, id)
+	}
+}
+
+// Close implements nccl.Listener: it stops accepting and closes every
+// connection that was not handed out by Accept.
+func (l *listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	unix.Close(l.fd)
+	for _, g := range l.greeting {
+		unix.Close(g.fd)
+	}
+	l.greeting = nil
+	for id, in := range l.conns {
+		in.cs.close()
+		delete(l.conns, id)
+	}
+	ready := l.ready
+	l.ready = nil
+	l.mu.Unlock()
+	for _, rc := range ready {
+		rc.Close()
+	}
+	l.t.mu.Lock()
+	delete(l.t.listeners, l)
+	l.t.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,137 @@
+package socket
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Liveness, not progress, decides that a peer is dead (docs/socket.md,
+// "Liveness"). Progress cannot: a receiver that is busy elsewhere (writing a
+// checkpoint) closes its window, and a sender with nothing to send is silent,
+// however long. What only a live peer does is answer at the TCP level: its
+// kernel ACKs whatever reaches it, whether or not its application reads, and
+// even when the process is stopped (SIGSTOP), which therefore counts as alive
+// (NCCL's and the framework's watchdogs own that decision).
+//
+// Each connection has one extra TCP stream that carries no data. Both ends
+// enable keepalive on it (probes every NCCL_GO_TIMEOUT/4, at least 1 s), so
+// the peer's kernel is asked regularly without any thread of ours. NCCL's
+// thread reads TCP_INFO from time to time (at most every maxCheckPeriod, only
+// while a request is pending): the age of the last ACK is how long the peer
+// host has been silent. When it passes half the timeout (possible only for
+// timeouts under about 2 s, below the keepalive's 1 s granularity, or when the
+// host is gone) the check writes one byte, which the peer's kernel must ACK
+// within a round trip plus its delayed-ACK time; the peer drains these bytes
+// in its own checks. A peer is dead when the last ACK is older than the
+// timeout and such a ping is outstanding past its grace. Nothing on this
+// stream ever waits for the peer's application, and data streams carry no
+// TCP_USER_TIMEOUT, which Linux would also apply to a closed window.
+//
+// The same stream tells each end promptly that the other closed (FIN) or
+// died (the kernel closes a killed process's sockets).
+type liveness struct {
+	fd     int
+	pol    livePolicy
+	next   int64  // monotonic time of the next check
+	pingAt int64  // when the outstanding ping was written; 0 when none
+	closed bool   // the peer closed its end (EOF or reset)
+	calls  uint32 // checkLive calls, for reading the clock only every liveClockEvery
+	info   unix.TCPInfo
+	buf    [64]byte
+	// Counters for tests and docs: checks run, pings written.
+	checks, pings uint64
+}
+
+const liveClockEvery = 16
+
+// liveState is what a check found.
+type liveState int
+
+const (
+	liveOK liveState = iota
+	livePeerClosed
+	liveDead
+)
+
+// due reports whether a check should run now; it costs one clock read.
+func (l *liveness) due(t int64) bool { return t >= l.next }
+
+// check runs one liveness check at time t. err explains liveDead.
+func (l *liveness) check(t int64) (liveState, error) {
+	l.next = t + l.pol.period
+	l.checks++
+	if l.closed {
+		return livePeerClosed, nil
+	}
+	// Drain the peer's pings; end of file or a reset means it closed.
+	for i := 0; i < 16; i++ {
+		n, eof, err := recvSlice(l.fd, l.buf[:])
+		if err == unix.ECONNRESET || eof {
+			// A reset too: a peer that closed with our pings unread.
+			l.closed = true
+			return livePeerClosed, nil
+		}
+		if err != nil {
+			return liveDead, err
+		}
+		if n < len(l.buf) {
+			break
+		}
+	}
+	if l.pol.timeout <= 0 {
+		return liveOK, nil
+	}
+	if err := tcpInfo(l.fd, &l.info); err != nil {
+		return liveDead, err
+	}
+	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
+	if l.info.Unacked > 0 {
+		if l.pingAt == 0 {
+			l.pingAt = t
+		}
+		if age >= l.pol.deadAfter && t-l.pingAt >= l.pol.grace {
+			return liveDead, nil
+		}
+		return liveOK, nil
+	}
+	l.pingAt = 0
+	if age >= l.pol.pingAfter {
+		n, err := sendSlice(l.fd, l.buf[:1])
+		if err != nil {
+			return liveDead, err
+		}
+		if n == 1 {
+			l.pingAt = t
+			l.pings++
+		}
+	}
+	return liveOK, nil
+}
+
+// silentFor is how long the peer's kernel has not answered, as of the last
+// check (for the WARN that declares it dead).
+func (l *liveness) silentFor() time.Duration {
+	return time.Duration(l.info.Last_ack_recv) * time.Millisecond
+}
+
+// setupLiveness applies the keepalive policy to a liveness stream.
+func setupLiveness(fd int, pol livePolicy) error {
+	if err := setNoDelay(fd); err != nil {
+		return err
+	}
+	if pol.timeout <= 0 {
+		return nil
+	}
+	for _, o := range []struct{ level, opt, v int }{
+		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, pol.keepIdle},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, pol.keepIdle},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, pol.keepCnt},
+	} {
+		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,5 @@
+package socket
+
+import "unsafe"
+
+func bufPtr(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }

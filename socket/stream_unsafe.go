@@ -1,0 +1,422 @@
+package socket
+
+import (
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// epoch anchors the monotonic clock of the liveness checks.
+var epoch = time.Now()
+
+func now() int64 { return int64(time.Since(epoch)) }
+
+// core is what both ends of a connection share: the control stream, the
+// liveness stream and the data streams (raw non-blocking descriptors this
+// package owns), the first fatal error, and the optional helper goroutines.
+// NCCL's thread drives all of it from Isend/Irecv/Test; helpers only ever
+// move bytes of data streams, under the same per-stream try-lock.
+type core struct {
+	log     nccl.Logger
+	peer    string
+	ctrl    int
+	live    liveness
+	streams []*stream
+	chunk   int // minimum striping unit
+
+	err    atomic.Pointer[nccl.Error]
+	warned bool // NCCL thread only: the fatal error was logged
+
+	nextStream int // NCCL thread only: stream of the next chunk
+
+	helpers []*helper
+	hwg     sync.WaitGroup
+	closing atomic.Bool
+
+	mhSeq atomic.Uint64
+}
+
+// conns are the descriptors of one connection, in hello order.
+type conns struct {
+	ctrl, beat int
+	data       []int
+}
+
+func (c conns) close() {
+	for _, fd := range append([]int{c.ctrl, c.beat}, c.data...) {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
+}
+
+// init takes ownership of cs (it closes them on failure).
+func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send bool) error {
+	c.log, c.ctrl, c.chunk = log, cs.ctrl, hi.minChunk
+	c.live = liveness{fd: cs.beat, pol: o.live, next: now() + o.live.period}
+	c.peer = peerName(cs.ctrl)
+	c.streams = make([]*stream, len(cs.data))
+	for i, fd := range cs.data {
+		c.streams[i] = &stream{fd: fd, send: send}
+		if !send {
+			c.streams[i].scratch = make([]byte, 64<<10)
+		}
+	}
+	if n := o.helpers; n > 0 && len(c.streams) > 0 {
+		c.helpers = make([]*helper, min(n, len(c.streams)))
+		for i := range c.helpers {
+			fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+			if err != nil {
+				for _, h := range c.helpers[:i] {
+					unix.Close(h.evfd)
+				}
+				cs.close()
+				return nccl.Errorf(nccl.SystemError, "eventfd for a stream helper: %w", err)
+			}
+			c.helpers[i] = &helper{c: c, evfd: fd}
+		}
+		for i, s := range c.streams {
+			h := c.helpers[i%len(c.helpers)]
+			s.h = h
+			h.streams = append(h.streams, s)
+		}
+		for _, h := range c.helpers {
+			h.pfds = make([]unix.PollFd, 1+len(h.streams))
+			c.hwg.Add(1)
+			go h.run()
+		}
+	}
+	return nil
+}
+
+// peerName is the peer's address for logs.
+func peerName(fd int) string {
+	sa, err := unix.Getpeername(fd)
+	if err != nil {
+		return "unknown peer"
+	}
+	return addrPortOf(sa).String()
+}
+
+// fail records the first fatal error of the connection.
+func (c *core) fail(code nccl.Result, format string, args ...any) *nccl.Error {
+	e := nccl.Errorf(code, format, args...).(*nccl.Error)
+	if c.err.CompareAndSwap(nil, e) {
+		return e
+	}
+	return c.err.Load()
+}
+
+// failed returns the connection's fatal error, logging it once.
+func (c *core) failed() error {
+	e := c.err.Load()
+	if e == nil {
+		return nil
+	}
+	if !c.warned {
+		c.warned = true
+		c.log.Warnf("NET/GoSocket : %v", e)
+	}
+	return e
+}
+
+// checkLive runs the liveness check when one is due (NCCL's thread only, with
+// a request pending). It returns what the check found; a dead peer has
+// already been recorded as the connection's error. NCCL polls test in a
+// tight loop, so the clock is read only every liveClockEvery calls (a clock
+// read costs as much as the rest of a test that finds nothing).
+func (c *core) checkLive() liveState {
+	if c.live.calls++; c.live.calls%liveClockEvery != 0 {
+		return liveOK
+	}
+	t := now()
+	if !c.live.due(t) {
+		return liveOK
+	}
+	st, err := c.live.check(t)
+	if st != liveDead {
+		return st
+	}
+	if err != nil {
+		c.fail(nccl.SystemError, "connection with %s failed: %v", c.peer, err)
+	} else {
+		c.fail(nccl.SystemError, "the peer %s is unreachable: its host has not answered for %v (%s=%v); the host is down "+
+			"or the network path to it is cut", c.peer, c.live.silentFor().Round(time.Millisecond), nccl.EnvTimeout,
+			time.Duration(c.live.pol.timeout))
+	}
+	return liveDead
+}
+
+// close stops the helpers and closes every socket. It never waits for the
+// peer: helpers only ever wait in poll with the wake-up eventfd in the set,
+// and return before close does, so no buffer NCCL frees next is touched
+// afterwards and no descriptor is used after it is closed.
+func (c *core) close() error {
+	if !c.closing.CompareAndSwap(false, true) {
+		return nil
+	}
+	c.fail(nccl.SystemError, "connection with %s closed", c.peer)
+	for _, h := range c.helpers {
+		eventSignal(h.evfd, &h.wbuf)
+	}
+	c.hwg.Wait()
+	for _, h := range c.helpers {
+		unix.Close(h.evfd)
+	}
+	unix.Close(c.ctrl)
+	unix.Close(c.live.fd)
+	for _, s := range c.streams {
+		unix.Close(s.fd)
+	}
+	return nil
+}
+
+func (c *core) regMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.MemHandle, error) {
+	if t != nccl.PtrHost {
+		c.log.Warnf("NET/GoSocket : socket transport supports host memory only; cannot register memory of type %#x "+
+			"(NCCL should not ask: the device reports PtrSupport=HOST; check NCCL_NET_GDR_LEVEL / the plugin in use)", int(t))
+		return 0, nccl.Errorf(nccl.InternalError, "socket transport supports host memory only (asked to register type %#x)", int(t))
+	}
+	if size < 0 {
+		return 0, nccl.Errorf(nccl.InvalidArgument, "RegMr of %d bytes", size)
+	}
+	// Nothing to pin: the handle only has to be non-zero and unique enough to
+	// tell registrations apart in traces.
+	_ = data
+	return nccl.MemHandle(c.mhSeq.Add(1)), nil
+}
+
+// task is one chunk for a data stream: write (sender) or read into p; p nil
+// on the receiving side means read and discard (a truncated message keeps
+// the stream in step).
+type task struct {
+	p    unsafe.Pointer
+	n    int
+	left *atomic.Int32 // the request's outstanding chunks
+}
+
+// ringSize bounds chunks queued per stream. A message puts at most one chunk
+// on each stream and a comm has at most 256 messages in flight.
+const ringSize = 512
+
+// stream is one data connection. NCCL's thread queues chunks in a
+// single-producer ring; whoever holds busy (NCCL's thread, or the stream's
+// helper) moves bytes of the chunk at the head with non-blocking calls.
+type stream struct {
+	fd   int
+	send bool
+	h    *helper // nil without helpers
+	ring [ringSize]task
+	head atomic.Uint32 // next chunk to move (advanced by the busy holder)
+	tail atomic.Uint32 // next free slot (NCCL's thread)
+	busy atomic.Int32
+	off  int   // bytes of ring[head] moved; busy holder only
+	err  error // busy holder only: why move stopped for good
+	// scratch is where discarded bytes go (receive side only).
+	scratch []byte
+}
+
+func (s *stream) pending() bool { return s.head.Load() != s.tail.Load() }
+func (s *stream) room() bool    { return s.tail.Load()-s.head.Load() < ringSize }
+
+func (s *stream) push(t task) {
+	tl := s.tail.Load()
+	s.ring[tl%ringSize] = t
+	s.tail.Store(tl + 1)
+}
+
+// move moves bytes of queued chunks until the socket would block or the
+// queue is empty; the caller holds busy. It returns whether any byte moved,
+// and a non-nil error once the stream is broken (io.EOF: the peer closed).
+func (s *stream) move() (bool, error) {
+	if s.err != nil {
+		return false, s.err
+	}
+	moved := false
+	for {
+		h := s.head.Load()
+		if h == s.tail.Load() {
+			return moved, nil
+		}
+		t := &s.ring[h%ringSize]
+		for s.off < t.n {
+			var n int
+			var eof bool
+			var err error
+			switch {
+			case s.send:
+				n, err = sendFrom(s.fd, unsafe.Add(t.p, s.off), t.n-s.off)
+			case t.p == nil:
+				n, eof, err = recvInto(s.fd, unsafe.Pointer(&s.scratch[0]), min(len(s.scratch), t.n-s.off))
+			default:
+				n, eof, err = recvInto(s.fd, unsafe.Add(t.p, s.off), t.n-s.off)
+			}
+			if eof {
+				err = io.EOF
+			}
+			if err != nil {
+				s.err = err
+				return moved, err
+			}
+			if n == 0 {
+				return moved, nil
+			}
+			s.off += n
+			moved = true
+		}
+		left := t.left
+		*t = task{}
+		s.off = 0
+		s.head.Store(h + 1)
+		left.Add(-1)
+	}
+}
+
+// pump moves what every data stream can move now, from NCCL's thread. A
+// stream a helper is working on is skipped: the helper is moving it.
+func (c *core) pump(send bool) {
+	for _, s := range c.streams {
+		if !s.pending() || !s.busy.CompareAndSwap(0, 1) {
+			continue
+		}
+		_, err := s.move()
+		s.busy.Store(0)
+		if err != nil {
+			c.streamFailed(err, send)
+			return
+		}
+	}
+}
+
+func (c *core) streamFailed(err error, send bool) {
+	if c.closing.Load() {
+		return
+	}
+	dir := "receiving from"
+	if send {
+		dir = "sending to"
+	}
+	if err == io.EOF {
+		c.fail(nccl.SystemError, "%s %s: the peer closed the connection (process exited or comm closed)", dir, c.peer)
+	} else {
+		c.fail(nccl.SystemError, "%s %s failed: %v", dir, c.peer, err)
+	}
+}
+
+// chunkSize and stripe split [from, size) of a message into chunks of at
+// least chunk bytes, one per stream round-robin from nextStream. Both ends
+// run them over the same messages in the same order, so they agree on which
+// stream carries which bytes without saying so on the wire.
+func (c *core) chunkSize(n int) int {
+	ns := len(c.streams)
+	cs := (n + ns - 1) / ns
+	cs = (cs + 4095) &^ 4095
+	return max(cs, c.chunk)
+}
+
+// canStripe: every stream has room for the (at most one) chunk a message
+// puts on it. Never false with the bounds above; checked so that running out
+// is a retry, not corruption.
+func (c *core) canStripe() bool {
+	for _, s := range c.streams {
+		if !s.room() {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *core) stripe(p unsafe.Pointer, from, size int, left *atomic.Int32) {
+	n := size - from
+	if n <= 0 {
+		return
+	}
+	cs := c.chunkSize(n)
+	left.Add(int32((n + cs - 1) / cs))
+	for off := from; off < size; off += cs {
+		var q unsafe.Pointer
+		if p != nil {
+			q = unsafe.Add(p, off)
+		}
+		s := c.streams[c.nextStream]
+		s.push(task{p: q, n: min(cs, size-off), left: left})
+		if s.h != nil && s.h.sleeping.CompareAndSwap(true, false) {
+			eventSignal(s.h.evfd, &s.h.wbuf)
+		}
+		c.nextStream++
+		if c.nextStream == len(c.streams) {
+			c.nextStream = 0
+		}
+	}
+}
+
+// helper is a goroutine that moves chunks of some data streams beside NCCL's
+// thread, on hosts with cores to spare. It waits in poll(2) on its streams
+// and an eventfd, never in Go's netpoller; NCCL's thread only signals the
+// eventfd when it queued work while the helper was asleep.
+type helper struct {
+	c          *core
+	streams    []*stream
+	evfd       int
+	sleeping   atomic.Bool
+	pfds       []unix.PollFd
+	wbuf, rbuf uint64
+}
+
+func (h *helper) run() {
+	defer h.c.hwg.Done()
+	send := h.streams[0].send
+	// A broken stream fails the whole connection: nothing left to help with.
+	for !h.c.closing.Load() && h.c.err.Load() == nil {
+		moved := false
+		for _, s := range h.streams {
+			if !s.pending() || !s.busy.CompareAndSwap(0, 1) {
+				continue
+			}
+			m, err := s.move()
+			s.busy.Store(0)
+			if err != nil {
+				h.c.streamFailed(err, send)
+			}
+			moved = moved || m
+		}
+		if moved {
+			continue
+		}
+		// Announce the sleep before looking at the queues once more, so that
+		// a chunk queued in between is either seen here or signalled.
+		h.sleeping.Store(true)
+		h.pfds = h.pfds[:1]
+		h.pfds[0] = unix.PollFd{Fd: int32(h.evfd), Events: unix.POLLIN}
+		timeout := -1
+		ev := int16(unix.POLLIN)
+		if send {
+			ev = unix.POLLOUT
+		}
+		for _, s := range h.streams {
+			if !s.pending() {
+				continue
+			}
+			if s.busy.Load() != 0 {
+				// NCCL's thread is moving it: look again shortly rather
+				// than spin on a socket that is ready for it.
+				timeout = 1
+				continue
+			}
+			h.pfds = append(h.pfds, unix.PollFd{Fd: int32(s.fd), Events: ev})
+		}
+		if !h.c.closing.Load() {
+			poll(h.pfds, timeout)
+		}
+		h.sleeping.Store(false)
+		if h.pfds[0].Revents != 0 {
+			eventDrain(h.evfd, &h.rbuf)
+		}
+	}
+}

@@ -1,0 +1,177 @@
+package socket
+
+import (
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// A peer whose host vanishes (power loss, cut link) sends neither FIN nor
+// RST; only its silence tells. These tests make both ends live in a private
+// network namespace whose loopback they take down: every packet between
+// them is then dropped, as on a cut link. The transport creates all its
+// sockets on the calling thread (connect and accept are driven by the
+// caller), so locking the test goroutine to a thread that entered the
+// namespace puts them all there.
+
+// enterPrivateNetns moves the calling goroutine, for good, into a new
+// network namespace with its loopback up. The thread is discarded when the
+// test's goroutine ends (it stays locked). Skips only where namespaces
+// cannot be created (no CAP_SYS_ADMIN/CAP_NET_ADMIN), saying so.
+func enterPrivateNetns(t *testing.T) {
+	t.Helper()
+	runtime.LockOSThread()
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		if errors.Is(err, unix.EPERM) {
+			t.Skipf("cannot create a network namespace (%v): these tests need CAP_SYS_ADMIN; run them as root", err)
+		}
+		t.Fatalf("unshare(CLONE_NEWNET): %v", err)
+	}
+	setLoopback(t, true)
+}
+
+// setLoopback brings the namespace's lo up or down: down, every packet
+// between the two ends is dropped and the routes to 127/8 vanish.
+func setLoopback(t *testing.T, up bool) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	require.NoError(t, err)
+	require.NoError(t, unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr))
+	f := ifr.Uint16()
+	if up {
+		f |= unix.IFF_UP
+	} else {
+		f &^= unix.IFF_UP
+	}
+	ifr.SetUint16(f)
+	require.NoError(t, unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr))
+}
+
+// TestUnreachablePeerDetected: the link is cut; whichever end is waiting
+// fails within NCCL_GO_TIMEOUT (plus this test's polling slack), with data in
+// flight or not, with and without data streams.
+func TestUnreachablePeerDetected(t *testing.T) {
+	cases := []struct {
+		name    string
+		streams string
+		side    string // which end waits: "send" (large message in flight) or "recv"
+		inFlt   bool   // recv side: a message half arrived
+	}{
+		{"recv-idle-streams=0", "0", "recv", false},
+		{"recv-idle-streams=4", "4", "recv", false},
+		{"recv-midmessage-streams=0", "0", "recv", true},
+		{"recv-midmessage-streams=4", "4", "recv", true},
+		{"send-inflight-streams=0", "0", "send", true},
+		{"send-inflight-streams=4", "4", "send", true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			enterPrivateNetns(t)
+			const timeout = time.Second
+			withEnv(t, map[string]string{nccl.EnvTimeout: "1", envNThreads: c.streams})
+			log := &captureLog{}
+			tr := initLoopback(t, log)
+			s, r := pair(t, tr)
+			const size = 128 << 20
+			src := make([]byte, size)
+			dst := make([]byte, size)
+			var test func() (bool, error)
+			switch c.side {
+			case "recv":
+				rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+				require.NoError(t, err)
+				if c.inFlt {
+					// The sender's first bytes arrive; its host then vanishes
+					// with the message half sent.
+					sq, err := s.Isend(bufPtr(src), size, 1, 0)
+					require.NoError(t, err)
+					for i := 0; i < 3; i++ {
+						s.Test(sq)
+						r.Test(rq, nil)
+					}
+				}
+				test = func() (bool, error) { return r.Test(rq, nil) }
+			case "send":
+				sq, err := s.Isend(bufPtr(src), size, 1, 0)
+				require.NoError(t, err)
+				test = func() (bool, error) { done, _, err := s.Test(sq); return done, err }
+			}
+			setLoopback(t, false)
+			start := time.Now()
+			var err error
+			for err == nil {
+				var done bool
+				done, err = test()
+				require.False(t, done, "nothing can complete over a cut link")
+				require.Less(t, time.Since(start), timeout+5*time.Second, "a peer behind a cut link was never declared dead")
+				pace()
+			}
+			took := time.Since(start)
+			t.Logf("declared dead after %v (NCCL_GO_TIMEOUT=%v)", took.Round(time.Millisecond), timeout)
+			assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+			assert.Contains(t, err.Error(), "unreachable")
+			assert.Contains(t, err.Error(), nccl.EnvTimeout)
+			assert.GreaterOrEqual(t, took, timeout/2, "declared dead before its host was silent for half the timeout")
+			runtime.KeepAlive(src)
+			runtime.KeepAlive(dst)
+		})
+	}
+}
+
+// TestLinkFlapRecovers: the link goes down for less than NCCL_GO_TIMEOUT
+// and comes back: nothing fails and every byte arrives.
+func TestLinkFlapRecovers(t *testing.T) {
+	for _, streams := range []string{"0", "4"} {
+		t.Run("streams="+streams, func(t *testing.T) {
+			enterPrivateNetns(t)
+			withEnv(t, map[string]string{nccl.EnvTimeout: "8", envNThreads: streams})
+			log := &captureLog{}
+			tr := initLoopback(t, log)
+			s, r := pair(t, tr)
+			const size = 64 << 20
+			src := make([]byte, size)
+			pattern(src, 3)
+			dst := make([]byte, size)
+			rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+			require.NoError(t, err)
+			sq, err := s.Isend(bufPtr(src), size, 1, 0)
+			require.NoError(t, err)
+			// The message is under way when the link goes down.
+			sd, _, err := s.Test(sq)
+			require.NoError(t, err)
+			rd, err := r.Test(rq, nil)
+			require.NoError(t, err)
+			require.False(t, sd && rd)
+			setLoopback(t, false)
+			down := time.Now().Add(2 * time.Second)
+			for !sd || !rd {
+				if down != (time.Time{}) && time.Now().After(down) {
+					setLoopback(t, true)
+					down = time.Time{}
+				}
+				if !sd {
+					sd, _, err = s.Test(sq)
+					require.NoError(t, err, "a link down for less than the timeout is not a dead peer")
+				}
+				if !rd {
+					rd, err = r.Test(rq, nil)
+					require.NoError(t, err, "a link down for less than the timeout is not a dead peer")
+				}
+				pace()
+			}
+			require.Equal(t, src, dst)
+			assert.NotContains(t, log.String(), "WARN")
+		})
+	}
+}
