@@ -187,6 +187,11 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, mh nccl.MemHand
 			return nccl.NoRequest, nil
 		}
 	}
+	for r := 0; r < nreqs; r++ {
+		if ents[r].Addr == 0 || ents[r].RKeys[0] == 0 {
+			return nccl.NoRequest, s.protocolError(fmt.Sprintf("CTS entry %d of %d advertises address %#x rkey %#x", r, nreqs, ents[r].Addr, ents[r].RKeys[0]))
+		}
+	}
 	entry := -1
 	for r := 0; r < nreqs; r++ {
 		if s.slotReq[slot][r] < 0 && ents[r].Tag == uint32(tag) {
@@ -274,14 +279,17 @@ func (s *sendComm) post(slot, nreqs int) error {
 				imm = immTruncated | uint32(min(req.size, immTruncated-1))
 			}
 			if n == 0 {
-				s.wrs[0] = verbs.SendWR{WRID: wrData | uint64(slot), RemoteAddr: ents[0].Addr}
+				// Nothing to write (0 bytes, or truncated): a zero-length
+				// WRITE_WITH_IMM that still names the receiver's buffer and
+				// key, as NCCL posts it; NICs may check both.
+				s.wrs[0] = verbs.SendWR{WRID: wrData | uint64(slot), RemoteAddr: ents[0].Addr, RKey: ents[0].RKeys[q.remDev]}
 				n = 1
 			}
 			last := &s.wrs[n-1]
 			last.Opcode, last.Imm, last.Flags = verbs.WrRDMAWriteWithImm, imm, verbs.SendSignaled
 		} else {
 			s.wrs[n] = verbs.SendWR{WRID: wrData | uint64(slot), Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, NumSGE: 1,
-				SGE:        verbs.SGE{Addr: s.sizesMem.addr() + uint64(slot*maxRecvs*4), Length: uint32(nreqs * 4), LKey: s.sizesMem.mrs[q.dev].LKey()},
+				SGE:        verbs.SGE{Addr: s.sizesMem.addr() + uint64(slot*maxRecvs*4), Length: uint32(nreqs * 4), LKey: s.sizesMem.lkeys[q.dev]},
 				RemoteAddr: s.remRec + uint64(slot*maxRecvs*4), RKey: s.remRecRKeys[q.remDev], Imm: uint32(slot)}
 			n++
 		}
@@ -547,12 +555,20 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		b := &bufs[i]
 		e := &ents[i]
 		*e = ctsEntry{Addr: uint64(uintptr(b.Data)), Size: uint64(b.Size), Tag: uint32(b.Tag), NReqs: uint32(n)}
-		if b.Size > 0 {
+		if b.Size == 0 && (b.MH == 0 || b.Data == nil) {
+			// A 0-byte buffer without a registration still needs a real
+			// address and key for the sender's zero-length WRITE_WITH_IMM:
+			// the completion records, which nothing but sizes ever lands in.
+			e.Addr = c.recMem.addr()
+			for d := range c.devs {
+				e.RKeys[d] = c.recMem.rkeys[d]
+			}
+		} else {
 			h := lookupMR(b.MH)
 			if h == nil || h.n != len(c.devs) {
 				return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : irecv buffer %d (%d bytes) has invalid memory handle %#x", i, b.Size, uintptr(b.MH))
 			}
-			if !h.covers(e.Addr, b.Size) {
+			if b.Size > 0 && !h.covers(e.Addr, b.Size) {
 				return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : irecv buffer %d at %p+%d lies outside its registration", i, b.Data, b.Size)
 			}
 			for d := 0; d < h.n; d++ {
@@ -582,7 +598,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		flags = verbs.SendSignaled
 	}
 	c.swr[0] = verbs.SendWR{WRID: wrCTS | uint64(slot), Opcode: verbs.WrRDMAWrite, Flags: flags, NumSGE: 1,
-		SGE:        verbs.SGE{Addr: c.shadow.addr() + uint64(slot*maxRecvs*ctsEntrySize), Length: uint32(n * ctsEntrySize), LKey: c.shadow.mrs[q.dev].LKey()},
+		SGE:        verbs.SGE{Addr: c.shadow.addr() + uint64(slot*maxRecvs*ctsEntrySize), Length: uint32(n * ctsEntrySize), LKey: c.shadow.lkeys[q.dev]},
 		RemoteAddr: c.remFifo + uint64(slot*maxRecvs*ctsEntrySize), RKey: c.remFifoRKeys[q.remDev]}
 	if _, err := q.qp.PostSend(c.swr[:]); err != nil {
 		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (CTS) on %s: %w", c.devs[q.dev], err)
@@ -627,7 +643,7 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	c.flushReqs[id] = flushReq{inUse: true, pending: len(c.devs)}
 	for d, qp := range c.flushQPs {
 		c.swr[0] = verbs.SendWR{WRID: wrFlush | uint64(id), Opcode: verbs.WrRDMARead, Flags: verbs.SendSignaled, NumSGE: 1,
-			SGE:        verbs.SGE{Addr: c.flushMem.addr(), Length: 1, LKey: c.flushMem.mrs[d].LKey()},
+			SGE:        verbs.SGE{Addr: c.flushMem.addr(), Length: 1, LKey: c.flushMem.lkeys[d]},
 			RemoteAddr: uint64(uintptr(bufs[last].Data)), RKey: h.rkeys[d]}
 		if _, err := qp.PostSend(c.swr[:]); err != nil {
 			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (flush) on %s: %w", c.devs[d], err)

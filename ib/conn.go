@@ -150,7 +150,7 @@ func (c *commCore) localMeta(addr uint64, rkeys *hostMem, tc, sl int) *connMeta 
 	for i, d := range c.devs {
 		m.Devs[i] = devMeta{LID: d.attr.LID, LinkLayer: uint8(d.attr.LinkLayer), MTU: uint8(d.attr.ActiveMTU), Port: uint8(d.port), GID: d.gid}
 		if rkeys != nil {
-			m.Devs[i].RKey = rkeys.mrs[i].RKey()
+			m.Devs[i].RKey = rkeys.rkeys[i]
 		}
 	}
 	ece := c.t.feats.ECE && nccl.EnvBool(c.log, "NCCL_IB_ECE_ENABLE", true)

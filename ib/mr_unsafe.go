@@ -260,6 +260,9 @@ type hostMem struct {
 	b   []byte
 	mrs [maxVDevs]verbs.MR
 	n   int
+	// The keys, read once: MR.LKey/RKey cross into C on the real provider,
+	// and the data path uses them on every message.
+	lkeys, rkeys [maxVDevs]uint32
 }
 
 func newHostMem(size int) (*hostMem, error) {
@@ -281,6 +284,7 @@ func (m *hostMem) register(devs []*device, access verbs.Access) error {
 			return fmt.Errorf("ibv_reg_mr of %d control bytes on %s: %w", len(m.b), d, err)
 		}
 		m.mrs[m.n] = mr
+		m.lkeys[m.n], m.rkeys[m.n] = mr.LKey(), mr.RKey()
 		m.n++
 	}
 	return nil

@@ -22,6 +22,10 @@ type Fabric struct {
 	nextKey uint32
 	nextID  uint64
 	faults  []*faultState
+
+	violations []string
+	recording  bool
+	records    []WRRecord
 }
 
 // NewFabric returns an empty fabric.
@@ -315,7 +319,7 @@ func (p *Provider) Open(name string) (verbs.Context, error) {
 	if d == nil {
 		return nil, fmt.Errorf("softnic: no device %q: %w", name, verbs.ENOENT)
 	}
-	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, dmabuf: p.feat.DMABuf}
+	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, pds: map[*pd]struct{}{}, dmabuf: p.feat.DMABuf}
 	d.ctxs[c] = struct{}{}
 	return c, nil
 }
