@@ -5,7 +5,7 @@ import (
 	"testing"
 	"unsafe"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl/nccltest"

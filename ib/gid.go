@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/sysfs"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/sysfs"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 )
 
 func TestSingleReceiveSizes(t *testing.T) {

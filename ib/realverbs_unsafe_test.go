@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/ibv"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 

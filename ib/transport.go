@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/ibv"
-	"github.com/libnccl-net-go/libnccl-net-go/ib/sysfs"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/sysfs"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
