@@ -64,11 +64,11 @@ func TestDiscoveryFiltersAndProperties(t *testing.T) {
 	assert.True(t, h.log.has("mlx5_2:1 is DOWN, not ACTIVE"), h.log.String())
 	p, err := h.t.Properties(2)
 	require.NoError(t, err)
-	// Devices are ordered by PCI path: mlx5_1 was added first (00:01.0).
+	// Devices are ordered by PCI path: mlx5_1 was added first (bus 01).
 	assert.Equal(t, "mlx5_0", p.Name)
 	p, err = h.t.Properties(0)
 	require.NoError(t, err)
-	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:00/0000:00:01.0", GUID: 0xabc,
+	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:01/0000:01:00.0", GUID: 0xabc,
 		PtrSupport: nccl.PtrHost, RegIsGlobal: true, Speed: 100000, Port: 1, MaxComms: 1000, MaxRecvs: 8, VDevs: []int{0},
 		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize, RailID: -1, PlaneID: -1}, p)
 	p, _ = h.t.Properties(1)

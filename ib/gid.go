@@ -3,44 +3,11 @@ package ib
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/sysfs"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
-
-// gidConfig holds the RoCE GID selection settings (NCCL >= 2.21 semantics).
-type gidConfig struct {
-	index       int // NCCL_IB_GID_INDEX; -1 = automatic
-	family      int // 4 or 6, from NCCL_IB_ADDR_FAMILY (AF_INET default)
-	addrRange   netip.Prefix
-	hasRange    bool
-	roceVersion int // NCCL_IB_ROCE_VERSION_NUM (2)
-}
-
-func readGIDConfig(log nccl.Logger) (gidConfig, error) {
-	c := gidConfig{
-		index:       int(nccl.EnvInt(log, "NCCL_IB_GID_INDEX", -1)),
-		family:      4,
-		roceVersion: int(nccl.EnvInt(log, "NCCL_IB_ROCE_VERSION_NUM", 2)),
-	}
-	switch f := strings.ToUpper(nccl.EnvString("NCCL_IB_ADDR_FAMILY", "AF_INET")); f {
-	case "AF_INET", "INET", "IPV4":
-	case "AF_INET6", "INET6", "IPV6":
-		c.family = 6
-	default:
-		return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_FAMILY=%s is neither AF_INET nor AF_INET6", f)
-	}
-	if r := nccl.EnvString("NCCL_IB_ADDR_RANGE", ""); r != "" {
-		p, err := netip.ParsePrefix(r)
-		if err != nil {
-			return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_RANGE=%s is not a CIDR range (e.g. 10.0.0.0/8): %v", r, err)
-		}
-		c.addrRange, c.hasRange = p.Masked(), true
-	}
-	return c, nil
-}
 
 func gidFamily(g verbs.GID) int {
 	if netip.AddrFrom16(g).Is4In6() {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -202,4 +202,13 @@ func twoHosts(t *testing.T, cfg softnic.DeviceConfig) (*softnic.Fabric, *host, *
 	f.AddDevice(a)
 	f.AddDevice(b)
 	return f, newHost(t, f, verbs.Features{}, "simA_0"), newHost(t, f, verbs.Features{}, "simB_0")
+}
+
+// mmapBytes is n bytes outside the Go heap, unmapped when the test ends.
+func mmapBytes(t testing.TB, n int) []byte {
+	t.Helper()
+	m, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(m) })
+	return m
 }

@@ -23,14 +23,17 @@ import (
 // DefaultLibrary is what Load opens unless told otherwise.
 const DefaultLibrary = "libibverbs.so.1"
 
-func init() {
-	// The C mirrors must match the Go value types exactly: slices of them
-	// cross into C without copying.
-	if unsafe.Sizeof(verbs.SendWR{}) != C.sizeof_gosendwr || unsafe.Sizeof(verbs.RecvWR{}) != C.sizeof_gorecvwr ||
-		unsafe.Sizeof(verbs.WC{}) != C.sizeof_gowc {
-		panic("ibv: verbs.SendWR/RecvWR/WC layout differs from shim.h")
-	}
-}
+// The C mirrors must match the Go value types exactly: slices of them cross
+// into C without copying. A mismatch fails the build (a negative array
+// length) instead of panicking inside NCCL's process at dlopen.
+var (
+	_ [unsafe.Sizeof(verbs.SendWR{}) - C.sizeof_gosendwr]byte
+	_ [C.sizeof_gosendwr - unsafe.Sizeof(verbs.SendWR{})]byte
+	_ [unsafe.Sizeof(verbs.RecvWR{}) - C.sizeof_gorecvwr]byte
+	_ [C.sizeof_gorecvwr - unsafe.Sizeof(verbs.RecvWR{})]byte
+	_ [unsafe.Sizeof(verbs.WC{}) - C.sizeof_gowc]byte
+	_ [C.sizeof_gowc - unsafe.Sizeof(verbs.WC{})]byte
+)
 
 var loadMu sync.Mutex
 var loaded string

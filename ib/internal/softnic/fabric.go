@@ -54,7 +54,7 @@ type DeviceConfig struct {
 	GUID      uint64          // [derived from the device index]
 	GIDs      []GIDEntry      // RoCE GID table [one IPv4 RoCE v2 GID per device]
 	NetDev    string          // netdev named in sysfs for RoCE [<name>_eth]
-	PCIPath   string          // [/sys/devices/pci0000:00/0000:00:0<i>.0]
+	PCIPath   string          // [/sys/devices/pci0000:<i>/0000:<i>:00.0]
 }
 
 // Device is one software HCA.
@@ -109,7 +109,9 @@ func (f *Fabric) AddDevice(cfg DeviceConfig) *Device {
 		cfg.NetDev = cfg.Name + "_eth"
 	}
 	if cfg.PCIPath == "" {
-		cfg.PCIPath = fmt.Sprintf("/sys/devices/pci0000:00/0000:00:%02x.0", idx+1)
+		// One PCI bus per device, as separate NICs sit on real hosts (NCCL
+		// merges functions and, by default, devices of one bus).
+		cfg.PCIPath = fmt.Sprintf("/sys/devices/pci0000:%02x/0000:%02x:00.0", idx+1, idx+1)
 	}
 	d := &Device{fabric: f, cfg: cfg, index: idx, mrs: map[uint32]*mr{}, qps: map[uint32]*qp{}, ctxs: map[*context]struct{}{}}
 	for p := 0; p < cfg.Ports; p++ {

@@ -84,7 +84,7 @@ func TestRealVerbsFlushAndTruncation(t *testing.T) {
 	overlayEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
 	a, b := realHosts(t)
 	sc, rc := connectPair(t, a, 0, b, 0)
-	require.True(t, rc.flushEnabled)
+	require.True(t, rc.flush.enabled)
 	got, sizes := transfer(t, sc, rc, []int{300}, []int{4096})
 	rb := newBuf(t, rc, 4096, 0)
 	copy(rb.b, got[0])
@@ -92,7 +92,7 @@ func TestRealVerbsFlushAndTruncation(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, nccl.NoRequest, r)
 	within(t, "flush READ over the loopback QP", func() (bool, error) { return rc.Test(r, nil) })
-	assert.Equal(t, rb.b[0], rc.flushMem.b[0])
+	assert.Equal(t, rb.b[0], rc.flush.mem.b[0])
 
 	// A send larger than the posted receive fails on both sides, nothing written.
 	small := newBuf(t, rc, 256, 0xee)
