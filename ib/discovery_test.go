@@ -229,3 +229,62 @@ func TestOOBInterfaceSelection(t *testing.T) {
 	n, _ = pick()
 	assert.Equal(t, "ib0", n)
 }
+
+// NCCL resolves the GID per connection (ncclIbGetGidIndex in connect and
+// accept), so a RoCE address that changes during a long job is picked up by
+// the next connection instead of leaving a stale GID fixed at init.
+func TestGIDResolvedPerConnection(t *testing.T) {
+	setEnv(t)
+	f, a, b := roceHosts(t)
+	sc, rc := connectPair(t, a, 0, b, 0)
+	assert.Equal(t, 3, sc.devs[0].gidIndex, "rxe layout: IPv4 RoCE v2 at index 3")
+	// Both hosts' netdevs get new addresses: index 3 goes away, the new
+	// IPv4 address appears as RoCE v2 at index 2.
+	for i, name := range []string{"simA_0", "simB_0"} {
+		d := f.Device(name)
+		d.SetGID(1, 3, softnic.GIDEntry{Type: "RoCE v2"})
+		d.SetGID(1, 2, softnic.GIDEntry{GID: verbs.GID(netip.AddrFrom16(netip.AddrFrom4([4]byte{198, 51, 100, byte(1 + i)}).As16()).As16()), Type: "RoCE v2"})
+	}
+	require.NoError(t, f.WriteSysfs(a.root))
+	require.NoError(t, f.WriteSysfs(b.root))
+	sc2, rc2 := connectPair(t, a, 0, b, 0)
+	assert.Equal(t, 2, sc2.devs[0].gidIndex)
+	assert.Equal(t, 2, rc2.devs[0].gidIndex)
+	assert.True(t, a.log.has("GID index 2 (::ffff:198.51.100.1) now, 3 ("), a.log.String())
+	got, _ := transfer(t, sc2, rc2, []int{777}, []int{777})
+	assert.Equal(t, pattern(777, 0), got[0][:777])
+	_, _ = sc, rc
+}
+
+func TestMergePCIPath(t *testing.T) {
+	for _, c := range []struct {
+		in       string
+		mergeVFs bool
+		want     string
+	}{
+		{"/sys/devices/pci0000:16/0000:17:00.1", true, "/sys/devices/pci0000:16/0000:17:00.0"},
+		{"/sys/devices/pci0000:16/0000:17:02.3", true, "/sys/devices/pci0000:16/0000:17:00.0"},
+		{"/sys/devices/pci0000:16/0000:17:02.3", false, "/sys/devices/pci0000:16/0000:17:02.0"},
+		{"", true, ""},
+	} {
+		assert.Equal(t, c.want, mergePCIPath(c.in, c.mergeVFs), "%+v", c)
+	}
+	// Two VFs of one NIC are one topology node unless NCCL_IB_MERGE_VFS=0.
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_2", PCIPath: "/sys/devices/pci0000:16/0000:17:00.2"})
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_3", PCIPath: "/sys/devices/pci0000:16/0000:17:01.3"})
+	paths := func() []string {
+		h := newHost(t, f, verbs.Features{})
+		var out []string
+		for d := 0; d < h.t.Devices(); d++ {
+			p, err := h.t.Properties(d)
+			require.NoError(t, err)
+			out = append(out, p.PCIPath)
+		}
+		return out
+	}
+	setEnv(t)
+	assert.Equal(t, []string{"/sys/devices/pci0000:16/0000:17:00.0", "/sys/devices/pci0000:16/0000:17:00.0"}, paths())
+	setEnv(t, "NCCL_IB_MERGE_VFS", "0")
+	assert.Equal(t, []string{"/sys/devices/pci0000:16/0000:17:00.0", "/sys/devices/pci0000:16/0000:17:01.0"}, paths())
+}

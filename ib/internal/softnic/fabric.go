@@ -378,3 +378,16 @@ func (f *Fabric) Device(name string) *Device {
 	defer f.mu.Unlock()
 	return f.byName[name]
 }
+
+// SetGID changes (or, past the end, appends to) a RoCE port's GID table, as
+// an address change on the netdev does; call WriteSysfs again for the types.
+func (d *Device) SetGID(port, index int, e GIDEntry) {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	p := &d.ports[port-1]
+	for len(p.gids) <= index {
+		p.gids = append(p.gids, GIDEntry{Type: "RoCE v2"})
+	}
+	p.gids[index] = e
+	p.attr.GIDTblLen = len(p.gids)
+}
