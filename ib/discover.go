@@ -203,4 +203,3 @@ func firstBit(v uint8, n int) int {
 func portSpeed(pa verbs.PortAttr) int {
 	return ibvSpeeds[firstBit(pa.ActiveSpeed, len(ibvSpeeds))] * ibvWidths[firstBit(pa.ActiveWidth, len(ibvWidths))]
 }
-

@@ -318,4 +318,3 @@ func (t *Transport) closeHCAsLocked() {
 	}
 	t.hcas = nil
 }
-
