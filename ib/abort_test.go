@@ -272,22 +272,27 @@ func abortRound(t *testing.T, f *softnic.Fabric, root string, variant int, rng *
 			require.True(t, time.Now().Before(deadline), "set-up did not finish")
 		}
 	}
-	switch variant {
-	case 0:
-		poll(1)
-		finalize()
-	case 1:
-		poll(rng.IntN(40))
-		if rng.IntN(2) == 0 {
-			require.NoError(t, l.Close())
-		}
-		finalize()
+	closeComms := func() {
+		// Comms that reached NCCL survive finalize; NCCL closes them later.
 		if sc != nil {
 			require.NoError(t, sc.Close())
 		}
 		if rc != nil {
 			require.NoError(t, rc.Close())
 		}
+	}
+	switch variant {
+	case 0:
+		poll(1)
+		finalize()
+		closeComms()
+	case 1:
+		poll(rng.IntN(40))
+		if rng.IntN(2) == 0 {
+			require.NoError(t, l.Close())
+		}
+		finalize()
+		closeComms()
 	case 2:
 		connect()
 		require.NoError(t, l.Close())
@@ -329,12 +334,7 @@ func abortRound(t *testing.T, f *softnic.Fabric, root string, variant int, rng *
 			require.True(t, time.Now().Before(deadline), "connect neither failed nor finished after the listener closed")
 			runtime.Gosched()
 		}
-		if sc != nil {
-			require.NoError(t, sc.Close())
-		}
-		if rc != nil {
-			require.NoError(t, rc.Close())
-		}
+		closeComms()
 		finalize()
 	}
 }
