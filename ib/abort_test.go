@@ -229,7 +229,7 @@ func TestAbortAtAnyMoment(t *testing.T) {
 	baseG, baseFD := runtime.NumGoroutine(), fdCount(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for r := 0; r < rounds; r++ {
-		abortRound(t, f, root, r%6, rng)
+		abortRound(t, bareHost(t, f, root, "simA_0"), bareHost(t, f, root, "simB_0"), r%6, rng)
 		noLeaks(t, f, "simA_0", "simB_0")
 		if t.Failed() {
 			t.Fatalf("round %d (variant %d) failed", r, r%6)
@@ -238,8 +238,7 @@ func TestAbortAtAnyMoment(t *testing.T) {
 	settle(t, baseG, baseFD)
 }
 
-func abortRound(t *testing.T, f *softnic.Fabric, root string, variant int, rng *rand.Rand) {
-	a, b := bareHost(t, f, root, "simA_0"), bareHost(t, f, root, "simB_0")
+func abortRound(t *testing.T, a, b *Transport, variant int, rng *rand.Rand) {
 	finalize := func() {
 		if rng.IntN(2) == 0 {
 			a, b = b, a

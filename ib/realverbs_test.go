@@ -1,7 +1,12 @@
 package ib
 
 import (
+	"math/rand/v2"
 	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -141,4 +146,57 @@ func TestRealVerbsFlushAndTruncation(t *testing.T) {
 	require.True(t, ok)
 	assert.NotZero(t, st.Misses)
 	assert.NotZero(t, st.RegisteredBytes)
+}
+
+// rdmaResources counts the kernel's verbs objects per type (qp, cq, mr, pd)
+// on every RDMA device, with iproute2's rdma tool.
+func rdmaResources(t *testing.T) map[string]int {
+	t.Helper()
+	out, err := exec.Command("rdma", "resource", "show").CombinedOutput()
+	if err != nil {
+		if os.Getenv("RDMA_LANE") == "1" {
+			t.Fatalf("rdma resource show: %v: %s", err, out)
+		}
+		t.Skipf("cannot count verbs objects without iproute2's rdma tool: %v", err)
+	}
+	// "0: rxe0: pd 3 cq 4 qp 3 cm_id 0 mr 2 ctx 1 srq 0"
+	counts := map[string]int{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		for i := 2; i+1 < len(f); i += 2 {
+			if n, err := strconv.Atoi(f[i+1]); err == nil {
+				counts[f[i]] += n
+			}
+		}
+	}
+	return counts
+}
+
+// TestRealVerbsAbortAtAnyMoment is TestAbortAtAnyMoment on libibverbs: 100
+// rounds of finalize/close during set-up and with requests in flight, then
+// the kernel's QP, CQ, MR and PD counts, the goroutines and the fds must be
+// back where they started (a use-after-free would crash the process).
+func TestRealVerbsAbortAtAnyMoment(t *testing.T) {
+	requireRealDevice(t)
+	overlayEnv(t, "NCCL_SOCKET_RETRY_CNT", "1", "NCCL_SOCKET_RETRY_SLEEP_MSEC", "1")
+	before := rdmaResources(t)
+	baseG, baseFD := runtime.NumGoroutine(), fdCount(t)
+	mk := func() *Transport {
+		tr := New().(*Transport)
+		require.NoError(t, tr.Init(nccl.InitContext{Log: &captureLog{}}))
+		return tr
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for r := 0; r < 100; r++ {
+		abortRound(t, mk(), mk(), r%6, rng)
+		if t.Failed() {
+			t.Fatalf("round %d (variant %d) failed", r, r%6)
+		}
+	}
+	settle(t, baseG, baseFD)
+	after := rdmaResources(t)
+	for _, k := range []string{"pd", "cq", "qp", "mr", "ctx"} {
+		assert.Equal(t, before[k], after[k], "%s objects in the kernel before and after 100 aborted rounds", k)
+	}
+	t.Logf("verbs objects before %v, after %v", before, after)
 }

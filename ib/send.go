@@ -150,19 +150,12 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 			return nccl.NoRequest, nil
 		}
 	}
-	nreqs := int(ents[0].NReqs)
-	if nreqs < 1 || nreqs > maxRecvs {
-		return nccl.NoRequest, s.protocolError(fmt.Sprintf("CTS entry announces %d receive buffers", nreqs))
+	nreqs, ready, err := parseCTS(ents, idx)
+	if err != nil {
+		return nccl.NoRequest, s.protocolError(err.Error())
 	}
-	for r := 1; r < nreqs; r++ {
-		if atomic.LoadUint64(&ents[r].Idx) != idx {
-			return nccl.NoRequest, nil
-		}
-	}
-	for r := 0; r < nreqs; r++ {
-		if ents[r].Addr == 0 || ents[r].RKeys[0] == 0 {
-			return nccl.NoRequest, s.protocolError(fmt.Sprintf("CTS entry %d of %d advertises address %#x rkey %#x", r, nreqs, ents[r].Addr, ents[r].RKeys[0]))
-		}
+	if !ready {
+		return nccl.NoRequest, nil
 	}
 	entry := -1
 	for r := 0; r < nreqs; r++ {
@@ -279,6 +272,32 @@ func (s *sendComm) post(slot, nreqs int) error {
 		}
 	}
 	return nil
+}
+
+// parseCTS reads the clear-to-send entries of the FIFO slot for message
+// idx-1, which the receiver RDMA-wrote: whatever they hold, it never lets
+// the sender index or write out of bounds. ready is false while some entry
+// of the group has not arrived; a group that cannot be right (no buffers or
+// more than maxRecvs, a buffer at address 0 or with rkey 0) is an error.
+func parseCTS(ents *[maxRecvs]ctsEntry, idx uint64) (nreqs int, ready bool, err error) {
+	if atomic.LoadUint64(&ents[0].Idx) != idx {
+		return 0, false, nil
+	}
+	nreqs = int(ents[0].NReqs)
+	if nreqs < 1 || nreqs > maxRecvs {
+		return 0, false, fmt.Errorf("CTS entry announces %d receive buffers", nreqs)
+	}
+	for r := 1; r < nreqs; r++ {
+		if atomic.LoadUint64(&ents[r].Idx) != idx {
+			return 0, false, nil
+		}
+	}
+	for r := 0; r < nreqs; r++ {
+		if ents[r].Addr == 0 || ents[r].RKeys[0] == 0 {
+			return 0, false, fmt.Errorf("CTS entry %d of %d advertises address %#x rkey %#x", r, nreqs, ents[r].Addr, ents[r].RKeys[0])
+		}
+	}
+	return nreqs, true, nil
 }
 
 func (s *sendComm) protocolError(what string) error {
