@@ -4,9 +4,12 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 )
 
 // libibverbsPresent reports whether the system library can be opened at all;
@@ -93,4 +96,61 @@ func TestRealDeviceBasics(t *testing.T) {
 	cq, err := ctx.CreateCQ(16)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cq.Destroy()) }()
+}
+
+// threads counts this process's OS threads.
+func threads(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/task")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// TestRealAsyncEventsWaitInTheNetpoller: waiting for async events holds no
+// OS thread (the fd is in Go's netpoller, not in a poll() loop), and both
+// stop and Close end the wait promptly.
+func TestRealAsyncEventsWaitInTheNetpoller(t *testing.T) {
+	libibverbsPresent(t)
+	p, err := Load(DefaultLibrary)
+	require.NoError(t, err)
+	names, err := p.Devices()
+	require.NoError(t, err)
+	if len(names) == 0 {
+		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
+	}
+	base := threads(t)
+	var ctxs []verbs.Context
+	done := make(chan error, 8)
+	stop := make(chan struct{})
+	for i := 0; i < 8; i++ {
+		ctx, err := p.Open(names[0])
+		require.NoError(t, err)
+		ctxs = append(ctxs, ctx)
+		go func() { _, err := ctx.NextAsyncEvent(stop); done <- err }()
+	}
+	time.Sleep(200 * time.Millisecond) // let all eight block (if they held threads, they would now)
+	assert.LessOrEqual(t, threads(t), base+3, "eight waiters must not hold eight threads")
+	close(stop)
+	for i := 0; i < 8; i++ {
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, verbs.ErrClosed)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiter did not notice stop")
+		}
+	}
+	for _, c := range ctxs {
+		assert.NoError(t, c.Close())
+	}
+	// Close alone ends a wait too.
+	ctx, err := p.Open(names[0])
+	require.NoError(t, err)
+	go func() { _, err := ctx.NextAsyncEvent(nil); done <- err }()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, ctx.Close())
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, verbs.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiter did not notice Close")
+	}
 }
