@@ -26,6 +26,13 @@ func (t *Transport) watchAsync(h *hca) {
 
 func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 	if !ev.Type.Fatal() {
+		if ev.Type == verbs.EventGIDChange {
+			for _, d := range h.ports {
+				if d.port == ev.Port {
+					d.gidChanged() // the next connection scans the table again
+				}
+			}
+		}
 		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: async event %v (port %d)", h.name, ev.Type, ev.Port)
 		return
 	}

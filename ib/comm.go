@@ -35,9 +35,8 @@ type commQP struct {
 }
 
 // commDev is what a connection uses of one member device: the GID it
-// resolved when the connection was made (NCCL re-resolves it per
-// connection, so a RoCE address that changed during a long job is picked up
-// by the next connection).
+// resolved when the connection was made (so a RoCE address that changed
+// during a long job is picked up by the next connection).
 type commDev struct {
 	*device
 	gidIndex int
@@ -116,12 +115,8 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		c.devFatal[i] = d.fatal.Load()
 		cd := commDev{device: d}
 		var err error
-		cd.gidIndex, cd.gid, err = selectGID(d.hca.ctx, t.fs, d.port, d.attr, t.cfg.gid)
-		if err != nil {
+		if cd.gidIndex, cd.gid, err = d.resolveGID(t); err != nil {
 			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : %s: %v", d, err)
-		}
-		if cd.gidIndex != d.gidIndex || cd.gid != d.gid {
-			t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: GID index %d (%v) now, %d (%v) at init", d, cd.gidIndex, cd.gid, d.gidIndex, d.gid)
 		}
 		c.devs = append(c.devs, cd)
 	}

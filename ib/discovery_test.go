@@ -172,13 +172,15 @@ func TestRoCEGIDSelection(t *testing.T) {
 	assert.Error(t, tr.Init(nccl.InitContext{Log: cl}))
 	assert.True(t, cl.has("NCCL_IB_GID_INDEX=9"), cl.String())
 
-	// A GID whose type sysfs cannot report is skipped: without the types
-	// files nothing qualifies and the port is refused with a hint.
+	// As in NCCL, a GID whose type sysfs cannot report (EINVAL: not mapped
+	// into this network namespace) can still win on family, but never on
+	// RoCE version: without any types file the first IPv4 GID is chosen
+	// (index 3, RoCE v1), not the v2 one after it.
 	setEnv(t)
 	tr = NewWithOptions(Options{Provider: f.Provider(verbs.Features{}, "roce1"), SysfsRoot: t.TempDir()})
-	cl = &captureLog{}
-	assert.Error(t, tr.Init(nccl.InitContext{Log: cl}))
-	assert.True(t, cl.has("no routable GID"), cl.String())
+	require.NoError(t, tr.Init(nccl.InitContext{Log: &captureLog{}}))
+	defer tr.Finalize()
+	assert.Equal(t, 3, tr.devs[0].gidIndex)
 }
 
 func TestRoCEEndToEnd(t *testing.T) {
@@ -254,6 +256,23 @@ func TestGIDResolvedPerConnection(t *testing.T) {
 	got, _ := transfer(t, sc2, rc2, []int{777}, []int{777})
 	assert.Equal(t, pattern(777, 0), got[0][:777])
 	_, _ = sc, rc
+
+	// A better GID that appears while the chosen one stays valid is picked
+	// up through the kernel's IBV_EVENT_GID_CHANGE (index 1 becomes an IPv4
+	// RoCE v2 address: the first one wins, as in NCCL's scan).
+	for i, name := range []string{"simA_0", "simB_0"} {
+		f.Device(name).SetGID(1, 1, softnic.GIDEntry{GID: verbs.GID(netip.AddrFrom16(netip.AddrFrom4([4]byte{198, 51, 100, byte(11 + i)}).As16()).As16()), Type: "RoCE v2"})
+	}
+	require.NoError(t, f.WriteSysfs(a.root))
+	require.NoError(t, f.WriteSysfs(b.root))
+	for _, h := range []*host{a, b} {
+		// Three events per host so far: two SetGID calls above, one here.
+		within(t, "GID_CHANGE seen", func() (bool, error) { return h.log.count("IBV_EVENT_GID_CHANGE") == 3, nil })
+	}
+	sc3, rc3 := connectPair(t, a, 0, b, 0)
+	assert.Equal(t, 1, sc3.devs[0].gidIndex)
+	assert.Equal(t, 1, rc3.devs[0].gidIndex)
+	assert.Equal(t, 2, sc2.devs[0].gidIndex, "connections keep the GID they were made with")
 }
 
 func TestMergePCIPath(t *testing.T) {

@@ -50,20 +50,33 @@ func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c 
 		return 0, verbs.GID{}, err
 	}
 	curIdx := 0
-	curVer, _ := fs.RoCEVersion(dev, port, 0)
+	// The RoCE type lives in sysfs: read it only for candidates that could
+	// win, as NCCL does. The table is mostly empty (rxe's has 1024 entries),
+	// and this runs for every connection.
+	version := func(i int) int {
+		v, err := fs.RoCEVersion(dev, port, i)
+		if err != nil {
+			return -1 // EINVAL: not mapped into this namespace; else unknown
+		}
+		return v
+	}
+	curVer, curVerKnown := 0, false
 	for i := 1; i < attr.GIDTblLen; i++ {
 		g, err := ctx.QueryGID(port, i)
-		if err != nil {
+		if err != nil || !c.inRange(g) || gidFamily(g) != c.family {
 			continue
 		}
-		ver, err := fs.RoCEVersion(dev, port, i)
-		if err != nil {
-			continue // EINVAL: not mapped into this namespace; anything else: unknown type
+		if gidFamily(cur) != c.family {
+			cur, curIdx, curVerKnown = g, i, false
+			continue
 		}
-		famSwitch := gidFamily(g) == c.family && gidFamily(cur) != c.family && gidValid(g) && c.inRange(g)
-		verSwitch := gidFamily(g) == gidFamily(cur) && gidValid(g) && c.inRange(g) && ver == c.roceVersion &&
-			(curVer != c.roceVersion || !gidValid(cur))
-		if famSwitch || verSwitch {
+		if !gidValid(g) {
+			continue
+		}
+		if !curVerKnown {
+			curVer, curVerKnown = version(curIdx), true
+		}
+		if ver := version(i); ver == c.roceVersion && (curVer != ver || !gidValid(cur)) {
 			cur, curIdx, curVer = g, i, ver
 		}
 	}
@@ -71,4 +84,39 @@ func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c 
 		return curIdx, cur, fmt.Errorf("no routable GID on %s port %d (best was index %d, %v); give the netdev an IP address or set NCCL_IB_GID_INDEX", dev, port, curIdx, cur)
 	}
 	return curIdx, cur, nil
+}
+
+// resolveGID is the GID a new connection uses. NCCL scans the whole GID
+// table for every connection; a RoCE port's table is large (rxe: 1024
+// entries, one ioctl each) and mostly empty, so the choice is kept and
+// scanned again only when the kernel reports IBV_EVENT_GID_CHANGE on the
+// port, or when the chosen entry no longer holds the same GID (one query
+// per connection), which covers an address removed or replaced in place.
+func (d *device) resolveGID(t *Transport) (int, verbs.GID, error) {
+	if d.attr.LinkLayer != verbs.LinkEthernet {
+		return d.gidIndex, d.gid, nil
+	}
+	d.gidMu.Lock()
+	defer d.gidMu.Unlock()
+	if !d.gidStale {
+		if g, err := d.hca.ctx.QueryGID(d.port, d.gidIndex); err == nil && g == d.gid {
+			return d.gidIndex, d.gid, nil
+		}
+	}
+	idx, g, err := selectGID(d.hca.ctx, t.fs, d.port, d.attr, t.cfg.gid)
+	if err != nil {
+		return 0, verbs.GID{}, err
+	}
+	if idx != d.gidIndex || g != d.gid {
+		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: GID index %d (%v) now, %d (%v) before", d, idx, g, d.gidIndex, d.gid)
+	}
+	d.gidIndex, d.gid, d.gidStale = idx, g, false
+	return idx, g, nil
+}
+
+// gidChanged marks the port's GID choice stale (IBV_EVENT_GID_CHANGE).
+func (d *device) gidChanged() {
+	d.gidMu.Lock()
+	d.gidStale = true
+	d.gidMu.Unlock()
 }

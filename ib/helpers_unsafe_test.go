@@ -55,6 +55,17 @@ func (l *captureLog) has(sub string) bool {
 	}
 	return false
 }
+func (l *captureLog) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		if strings.Contains(s, sub) {
+			n++
+		}
+	}
+	return n
+}
 func (l *captureLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()

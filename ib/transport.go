@@ -93,6 +93,8 @@ type device struct {
 	name        string
 	port        int
 	attr        verbs.PortAttr
+	gidMu       sync.Mutex // gidIndex, gid, gidStale (connections resolve concurrently)
+	gidStale    bool
 	gidIndex    int
 	gid         verbs.GID
 	pciPath     string // topology key (merged, see mergePCIPath)

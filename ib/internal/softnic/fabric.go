@@ -380,7 +380,8 @@ func (f *Fabric) Device(name string) *Device {
 }
 
 // SetGID changes (or, past the end, appends to) a RoCE port's GID table, as
-// an address change on the netdev does; call WriteSysfs again for the types.
+// an address change on the netdev does, and reports IBV_EVENT_GID_CHANGE on
+// the port like the kernel; call WriteSysfs again for the types.
 func (d *Device) SetGID(port, index int, e GIDEntry) {
 	d.fabric.mu.Lock()
 	defer d.fabric.mu.Unlock()
@@ -390,4 +391,5 @@ func (d *Device) SetGID(port, index int, e GIDEntry) {
 	}
 	p.gids[index] = e
 	p.attr.GIDTblLen = len(p.gids)
+	d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventGIDChange, Port: port})
 }
