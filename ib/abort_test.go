@@ -139,12 +139,18 @@ func waitFor(t *testing.T, what string, ch <-chan struct{}) {
 	}
 }
 
-func TestFinalizeDuringPendingConnect(t *testing.T) {
+// oneDevice is a fabric with one device and its sysfs tree.
+func oneDevice(t *testing.T, name string) (*softnic.Fabric, string) {
 	setEnv(t)
 	f := softnic.NewFabric()
-	f.AddDevice(softnic.DeviceConfig{Name: "simA_0"})
+	f.AddDevice(softnic.DeviceConfig{Name: name})
 	root := t.TempDir()
 	require.NoError(t, f.WriteSysfs(root))
+	return f, root
+}
+
+func TestFinalizeDuringPendingConnect(t *testing.T) {
+	f, root := oneDevice(t, "simA_0")
 	baseG, baseFD := runtime.NumGoroutine(), fdCount(t)
 
 	a := bareHost(t, f, root, "simA_0")
@@ -170,11 +176,7 @@ func TestFinalizeDuringPendingConnect(t *testing.T) {
 func TestListenerCloseOrFinalizeDuringPendingAccept(t *testing.T) {
 	for _, how := range []string{"listener close", "finalize"} {
 		t.Run(how, func(t *testing.T) {
-			setEnv(t)
-			f := softnic.NewFabric()
-			f.AddDevice(softnic.DeviceConfig{Name: "simB_0"})
-			root := t.TempDir()
-			require.NoError(t, f.WriteSysfs(root))
+			f, root := oneDevice(t, "simB_0")
 			baseG, baseFD := runtime.NumGoroutine(), fdCount(t)
 
 			b := bareHost(t, f, root, "simB_0")

@@ -7,7 +7,8 @@
 #                   short ib_write_bw), every build/rdma-tests/*.test binary, and the
 #                   C conformance harness over rxe0 with the ib transport forced
 #   lane.sh bench   harness `bench bw` next to ib_write_bw on the same rxe0, at each
-#                   of the harness's message sizes, with plugin/ib_write_bw ratios
+#                   of the harness's message sizes, with plugin/ib_write_bw ratios; then
+#                   harness `bench lat` (8 B p99/median) next to ib_write_lat
 #
 # Host-side decisions arrive as environment (set by mk/rdma.mk, forwarded by run.sh):
 #   RDMA_LANE_IB       "absent" (no ./ib yet), "unlinked" (./ib exists but the default
@@ -169,6 +170,19 @@ conformance() {
   fi
 }
 
+# threads_sampler FILE: every 5 s, "<pid> <threads>" for each process running the
+# harness binary (its rank processes load the plugin), until killed.
+threads_sampler() {
+  local f=$1 p name
+  while sleep 5; do
+    for p in /proc/[0-9]*; do
+      name=$(cat "$p/comm" 2>/dev/null) || continue
+      [ "$name" = "$(basename "$HARNESS" | cut -c1-15)" ] || continue
+      echo "${p#/proc/} $(ls "$p/task" 2>/dev/null | wc -l)" >>"$f"
+    done
+  done
+}
+
 # harness_rows FILE: "<bytes> <plugin GB/s>" for each row of the harness's bandwidth
 # table ("%10s %6d | %8.3f | ..." with sizes like "1 MiB"), after its "bandwidth:" line.
 harness_rows() {
@@ -189,8 +203,14 @@ bench() {
   local out=$work/harness_bw.out rc limit=${RDMA_LANE_BENCH_TIMEOUT:-700}
   # rxe under emulation takes seconds per 16 MiB message: the plugin's 5 s stall
   # WARN would flood the table, so raise it unless the caller chose a value.
+  # Threads per process while it streams: sampled every 5 s (the largest count
+  # is printed after the run; the harness also reports its own figures).
+  threads_sampler "$work/threads.bw" &
+  local sampler=$!
   NCCL_GO_STALL_WARN=${NCCL_GO_STALL_WARN:-120} NCCL_GO_TRANSPORT=ib timeout -k 10 $((limit + 30)) "$HARNESS" bench --plugin "$PLUGIN" --timeout "$limit" bw 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  [ -s "$work/threads.bw" ] && awk '{ if ($2 > m[$1]) m[$1] = $2 } END { for (p in m) printf "threads of harness process %s while streaming (most seen, 5 s samples): %d\n", p, m[p] }' "$work/threads.bw"
   [ "$rc" -eq 0 ] || { fail bench "harness bench bw exit $rc"; summary; }
   harness_rows "$out" >"$work/harness.rows"
   [ -s "$work/harness.rows" ] || { fail bench "no rows found in the harness's bandwidth table"; summary; }
@@ -222,7 +242,35 @@ bench() {
          if (r > 0) { lg += log(r); k++ } last = $1; lr = r }
        END { printf "rdma-lane bench: plugin (ib transport) / ib_write_bw on %s: ratio %.2f at %d B, geometric mean %.2f over %d sizes\n",
              ENVIRON["RDMA_LANE_DEV"], lr, last, (k ? exp(lg / k) : 0), k }' "$work/table"
-  pass "bench (ratios printed above)"
+  pass "bench bw (ratios printed above)"
+  bench_lat
+}
+
+# bench_lat: the harness's ping-pong latency through the ib transport, with the
+# 8-byte row's p99/median (the tail the Go runtime adds shows there), next to
+# ib_write_lat on the same rxe0 (t_typical is its median).
+bench_lat() {
+  section "harness bench lat over $DEV (NCCL_GO_TRANSPORT=ib), ib_write_lat"
+  local out=$work/harness_lat.out rc limit=${RDMA_LANE_BENCH_TIMEOUT:-700}
+  NCCL_GO_STALL_WARN=${NCCL_GO_STALL_WARN:-120} NCCL_GO_TRANSPORT=ib timeout -k 10 $((limit + 30)) "$HARNESS" bench --plugin "$PLUGIN" --timeout "$limit" lat 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { fail bench-lat "harness bench lat exit $rc"; return; }
+  # "%10s %6d | %10.2f %10.2f | ..." with the size as "8 B": fields 5 and 6.
+  local row med p99
+  row=$(awk '/^latency:/ { on = 1; next } on && $1 == "8" && $2 == "B" && $4 == "|" { print $5, $6; exit }' "$out")
+  [ -n "$row" ] || { fail bench-lat "no 8 B row in the harness's latency table"; return; }
+  read -r med p99 <<<"$row"
+  local port=18560
+  if pair write_lat $port 120 \
+    ib_write_lat -d "$DEV" -x "$GID" -p $port -s 8 -n 2000 -F -- \
+    ib_write_lat -d "$DEV" -x "$GID" -p $port -s 8 -n 2000 -F "$ADDR" >/dev/null; then
+    # "#bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%"
+    awk '$1 == 8 && NF >= 9 { printf "ib_write_lat 8 B: median (t_typical) %s us, p99 %s us\n", $5, $8 }' "$work/write_lat.cli"
+  else
+    echo "ib_write_lat pair failed (no reference)"
+  fi
+  awk -v m="$med" -v p="$p99" 'BEGIN { printf "rdma-lane bench: plugin (ib transport) 8 B one-way latency: median %.2f us, p99 %.2f us, p99/median %.2f\n", m, p, (m > 0 ? p / m : 0) }'
+  pass "bench lat (figures printed above)"
 }
 
 case ${1:-test} in

@@ -71,7 +71,10 @@ func TestLoadResolvesSymbolsAndProbesOptionalOnes(t *testing.T) {
 
 // TestRealDeviceBasics runs on a host (or the Soft-RoCE guest) with an RDMA
 // device: open it, query it, and register memory.
-func TestRealDeviceBasics(t *testing.T) {
+// realDevice loads libibverbs and names its first device, skipping (with
+// the reason) only where there is none.
+func realDevice(t *testing.T) (*Provider, string) {
+	t.Helper()
 	libibverbsPresent(t)
 	p, err := Load(DefaultLibrary)
 	require.NoError(t, err)
@@ -80,6 +83,12 @@ func TestRealDeviceBasics(t *testing.T) {
 	if len(names) == 0 {
 		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
 	}
+	return p, names[0]
+}
+
+func TestRealDeviceBasics(t *testing.T) {
+	p, name := realDevice(t)
+	names := []string{name}
 	ctx, err := p.Open(names[0])
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, ctx.Close()) }()
@@ -109,14 +118,8 @@ func threads(t *testing.T) int {
 // OS thread (the fd is in Go's netpoller, not in a poll() loop), and both
 // stop and Close end the wait promptly.
 func TestRealAsyncEventsWaitInTheNetpoller(t *testing.T) {
-	libibverbsPresent(t)
-	p, err := Load(DefaultLibrary)
-	require.NoError(t, err)
-	names, err := p.Devices()
-	require.NoError(t, err)
-	if len(names) == 0 {
-		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
-	}
+	p, name := realDevice(t)
+	names := []string{name}
 	base := threads(t)
 	var ctxs []verbs.Context
 	done := make(chan error, 8)
