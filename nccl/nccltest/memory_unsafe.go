@@ -23,11 +23,35 @@ type buffer struct {
 // ptr is the address NCCL would pass: the buffer's first byte.
 func (b *buffer) ptr() unsafe.Pointer { return unsafe.Pointer(&b.m[0]) }
 
+// poolKey names registered buffers of one size on one comm: NCCL keeps its
+// registered buffers and reuses them, so the suite does too, instead of
+// registering (pinning) every message's memory afresh.
+type poolKey struct {
+	comm nccl.Comm
+	size int
+}
+
 // buffer maps n bytes and, with Options.Register, registers them on c as
 // NCCL's proxy does for an RDMA transport (c may be nil for memory the body
-// registers itself). It stays mapped until free or the subtest's end.
+// registers itself), or reuses a registered buffer of the same size that
+// its request finished with. It stays mapped until the subtest's end (or
+// free, when not registered).
 func (h *H) buffer(c nccl.Comm, n int) *buffer {
-	m, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	size := (max(n, 1) + unix.Getpagesize() - 1) &^ (unix.Getpagesize() - 1)
+	reg := c != nil && h.suite.opts.Register
+	if reg {
+		h.mu.Lock()
+		k := poolKey{c, size}
+		if p := h.pool[k]; len(p) > 0 {
+			b := p[len(p)-1]
+			h.pool[k] = p[:len(p)-1]
+			h.mu.Unlock()
+			b.b = b.m[:n]
+			return b
+		}
+		h.mu.Unlock()
+	}
+	m, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		h.fatalf("mmap of %d bytes for a test buffer: %v", n, err)
 	}
@@ -38,12 +62,13 @@ func (h *H) buffer(c nccl.Comm, n int) *buffer {
 	}
 	h.live[b] = struct{}{}
 	h.mu.Unlock()
-	if c != nil && h.suite.opts.Register {
-		var mh nccl.MemHandle
-		h.call("RegMr", func() { mh, err = c.RegMr(b.ptr(), len(m), nccl.PtrHost) })
-		h.NoError(err, "RegMr of a %d-byte test buffer (Options.Register)", len(m))
-		b.mh, b.comm = mh, c
+	if !reg {
+		return b
 	}
+	var mh nccl.MemHandle
+	h.call("RegMr", func() { mh, err = c.RegMr(b.ptr(), len(m), nccl.PtrHost) })
+	h.NoError(err, "RegMr of a %d-byte test buffer (Options.Register)", len(m))
+	b.mh, b.comm = mh, c
 	return b
 }
 
@@ -60,14 +85,23 @@ func (h *H) dereg(b *buffer) {
 	b.comm, b.mh = nil, 0
 }
 
-// free deregisters and unmaps a buffer the transport is done with (its
-// request completed).
+// free gives back a buffer the transport is done with (its request
+// completed): a registered one goes to its comm's pool, any other is
+// unmapped.
 func (h *H) free(b *buffer) {
 	if b == nil {
 		return
 	}
-	h.dereg(b)
 	h.mu.Lock()
+	if b.comm != nil {
+		if h.pool == nil {
+			h.pool = map[poolKey][]*buffer{}
+		}
+		k := poolKey{b.comm, len(b.m)}
+		h.pool[k] = append(h.pool[k], b)
+		h.mu.Unlock()
+		return
+	}
 	_, live := h.live[b]
 	delete(h.live, b)
 	h.mu.Unlock()
@@ -85,6 +119,11 @@ func (h *H) deregOn(c nccl.Comm) {
 	for b := range h.live {
 		if b.comm == c {
 			bs = append(bs, b)
+		}
+	}
+	for k := range h.pool {
+		if k.comm == c {
+			delete(h.pool, k)
 		}
 	}
 	h.mu.Unlock()

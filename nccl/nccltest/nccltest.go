@@ -170,6 +170,7 @@ type H struct {
 	// when the body ends early.
 	flows []*flow
 	live  map[*buffer]struct{}
+	pool  map[poolKey][]*buffer
 	seed  uint64
 
 	op atomic.Pointer[string]
