@@ -226,3 +226,20 @@ func BenchmarkSoftNICPingPong(b *testing.B) {
 		})
 	}
 }
+
+// The peer check runs on the data path (every 128th idle call): it must not
+// allocate either.
+func TestPeerCheckDoesNotAllocate(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, _ := connectPair(t, a, 0, b, 0)
+	require.NotNil(t, sc.watch.conn)
+	allocs := testing.AllocsPerRun(10, func() {
+		for i := 0; i < 4*peerCheckEvery; i++ {
+			if sc.watch.gone() {
+				t.Fatal("peer reported gone while alive")
+			}
+		}
+	})
+	assert.Zero(t, allocs)
+}
