@@ -243,7 +243,7 @@ bench() {
        END { printf "rdma-lane bench: plugin (ib transport) / ib_write_bw on %s: ratio %.2f at %d B, geometric mean %.2f over %d sizes\n",
              ENVIRON["RDMA_LANE_DEV"], lr, last, (k ? exp(lg / k) : 0), k }' "$work/table"
   pass "bench bw (ratios printed above)"
-  bench_lat
+  [ "${RDMA_LANE_BENCH_LAT:-1}" = 0 ] || bench_lat
 }
 
 # bench_lat: the harness's ping-pong latency through the ib transport, with the
