@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -36,11 +36,11 @@ func TestDiscoveryFiltersAndProperties(t *testing.T) {
 	assert.True(t, h.log.has("mlx5_2:1 is DOWN, not ACTIVE"), h.log.String())
 	p, err := h.t.Properties(2)
 	require.NoError(t, err)
-	// Devices are ordered by PCI path: mlx5_1 was added first (00:01.0).
+	// Devices are ordered by PCI path: mlx5_1 was added first (bus 01).
 	assert.Equal(t, "mlx5_0", p.Name)
 	p, err = h.t.Properties(0)
 	require.NoError(t, err)
-	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:00/0000:00:01.0", GUID: 0xabc,
+	assert.Equal(t, nccl.Properties{Name: "mlx5_1", PCIPath: "/sys/devices/pci0000:01/0000:01:00.0", GUID: 0xabc,
 		PtrSupport: nccl.PtrHost, RegIsGlobal: true, Speed: 100000, Port: 1, MaxComms: 1000, MaxRecvs: 8, VDevs: []int{0},
 		MaxP2PBytes: nccl.MaxNetSizeBytes, MaxCollBytes: nccl.MaxCollSize}, p)
 	p, _ = h.t.Properties(1)
@@ -144,13 +144,15 @@ func TestRoCEGIDSelection(t *testing.T) {
 	assert.Error(t, tr.Init(nccl.InitContext{Log: cl}))
 	assert.True(t, cl.has("NCCL_IB_GID_INDEX=9"), cl.String())
 
-	// A GID whose type sysfs cannot report is skipped: without the types
-	// files nothing qualifies and the port is refused with a hint.
+	// As in NCCL, a GID whose type sysfs cannot report (EINVAL: not mapped
+	// into this network namespace) can still win on family, but never on
+	// RoCE version: without any types file the first IPv4 GID is chosen
+	// (index 3, RoCE v1), not the v2 one after it.
 	setEnv(t)
 	tr = NewWithOptions(Options{Provider: f.Provider(verbs.Features{}, "roce1"), SysfsRoot: t.TempDir()})
-	cl = &captureLog{}
-	assert.Error(t, tr.Init(nccl.InitContext{Log: cl}))
-	assert.True(t, cl.has("no routable GID"), cl.String())
+	require.NoError(t, tr.Init(nccl.InitContext{Log: &captureLog{}}))
+	defer tr.Finalize()
+	assert.Equal(t, 3, tr.devs[0].gidIndex)
 }
 
 func TestRoCEEndToEnd(t *testing.T) {
@@ -161,4 +163,80 @@ func TestRoCEEndToEnd(t *testing.T) {
 	assert.Equal(t, []int{5000}, sizes)
 	assert.Equal(t, pattern(5000, 0), got[0][:5000])
 	assert.Equal(t, "simB_0_eth", b.t.devs[0].netdev)
+}
+
+// NCCL resolves the GID per connection (ncclIbGetGidIndex in connect and
+// accept), so a RoCE address that changes during a long job is picked up by
+// the next connection instead of leaving a stale GID fixed at init.
+func TestGIDResolvedPerConnection(t *testing.T) {
+	setEnv(t)
+	f, a, b := roceHosts(t)
+	sc, rc := connectPair(t, a, 0, b, 0)
+	assert.Equal(t, 3, sc.devs[0].gidIndex, "rxe layout: IPv4 RoCE v2 at index 3")
+	// Both hosts' netdevs get new addresses: index 3 goes away, the new
+	// IPv4 address appears as RoCE v2 at index 2.
+	for i, name := range []string{"simA_0", "simB_0"} {
+		d := f.Device(name)
+		d.SetGID(1, 3, softnic.GIDEntry{Type: "RoCE v2"})
+		d.SetGID(1, 2, softnic.GIDEntry{GID: verbs.GID(netip.AddrFrom16(netip.AddrFrom4([4]byte{198, 51, 100, byte(1 + i)}).As16()).As16()), Type: "RoCE v2"})
+	}
+	require.NoError(t, f.WriteSysfs(a.root))
+	require.NoError(t, f.WriteSysfs(b.root))
+	sc2, rc2 := connectPair(t, a, 0, b, 0)
+	assert.Equal(t, 2, sc2.devs[0].gidIndex)
+	assert.Equal(t, 2, rc2.devs[0].gidIndex)
+	assert.True(t, a.log.has("GID index 2 (::ffff:198.51.100.1) now, 3 ("), a.log.String())
+	got, _ := transfer(t, sc2, rc2, []int{777}, []int{777})
+	assert.Equal(t, pattern(777, 0), got[0][:777])
+	_, _ = sc, rc
+
+	// A better GID that appears while the chosen one stays valid is picked
+	// up through the kernel's IBV_EVENT_GID_CHANGE (index 1 becomes an IPv4
+	// RoCE v2 address: the first one wins, as in NCCL's scan).
+	for i, name := range []string{"simA_0", "simB_0"} {
+		f.Device(name).SetGID(1, 1, softnic.GIDEntry{GID: verbs.GID(netip.AddrFrom16(netip.AddrFrom4([4]byte{198, 51, 100, byte(11 + i)}).As16()).As16()), Type: "RoCE v2"})
+	}
+	require.NoError(t, f.WriteSysfs(a.root))
+	require.NoError(t, f.WriteSysfs(b.root))
+	for _, h := range []*host{a, b} {
+		// Three events per host so far: two SetGID calls above, one here.
+		within(t, "GID_CHANGE seen", func() (bool, error) { return h.log.count("IBV_EVENT_GID_CHANGE") == 3, nil })
+	}
+	sc3, rc3 := connectPair(t, a, 0, b, 0)
+	assert.Equal(t, 1, sc3.devs[0].gidIndex)
+	assert.Equal(t, 1, rc3.devs[0].gidIndex)
+	assert.Equal(t, 2, sc2.devs[0].gidIndex, "connections keep the GID they were made with")
+}
+
+func TestMergePCIPath(t *testing.T) {
+	for _, c := range []struct {
+		in       string
+		mergeVFs bool
+		want     string
+	}{
+		{"/sys/devices/pci0000:16/0000:17:00.1", true, "/sys/devices/pci0000:16/0000:17:00.0"},
+		{"/sys/devices/pci0000:16/0000:17:02.3", true, "/sys/devices/pci0000:16/0000:17:00.0"},
+		{"/sys/devices/pci0000:16/0000:17:02.3", false, "/sys/devices/pci0000:16/0000:17:02.0"},
+		{"", true, ""},
+	} {
+		assert.Equal(t, c.want, mergePCIPath(c.in, c.mergeVFs), "%+v", c)
+	}
+	// Two VFs of one NIC are one topology node unless NCCL_IB_MERGE_VFS=0.
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_2", PCIPath: "/sys/devices/pci0000:16/0000:17:00.2"})
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_3", PCIPath: "/sys/devices/pci0000:16/0000:17:01.3"})
+	paths := func() []string {
+		h := newHost(t, f, verbs.Features{})
+		var out []string
+		for d := 0; d < h.t.Devices(); d++ {
+			p, err := h.t.Properties(d)
+			require.NoError(t, err)
+			out = append(out, p.PCIPath)
+		}
+		return out
+	}
+	setEnv(t)
+	assert.Equal(t, []string{"/sys/devices/pci0000:16/0000:17:00.0", "/sys/devices/pci0000:16/0000:17:00.0"}, paths())
+	setEnv(t, "NCCL_IB_MERGE_VFS", "0")
+	assert.Equal(t, []string{"/sys/devices/pci0000:16/0000:17:00.0", "/sys/devices/pci0000:16/0000:17:01.0"}, paths())
 }

@@ -5,17 +5,17 @@
 // interface of package ib/verbs.
 //
 // It owns device discovery (active IB/Ethernet ports filtered by NCCL_IB_HCA,
-// RoCE GID selection, sysfs facts through package ib/sysfs), the out-of-band
+// RoCE GID selection, sysfs facts through package ib/internal/sysfs), the out-of-band
 // TCP handshake that exchanges QP numbers, addresses and FIFO keys, the
 // per-device memory-registration cache, the asynchronous-event watchers, and
 // the translation of verbs failures into NCCL result codes with WARNs that
 // say what to change. docs/ib.md describes the wire formats and every
 // setting.
 //
-// New returns the transport on the real libibverbs (package ib/ibv, loaded
+// New returns the transport on the real libibverbs (package ib/internal/ibv, loaded
 // with dlopen, so a host without rdma-core gets nccl.ErrNoDevice from Init and
 // the plugin falls back to sockets). NewWithOptions runs it on any
-// verbs.Provider, e.g. the software NIC of package ib/softnic in tests.
+// verbs.Provider, e.g. the software NIC of package ib/internal/softnic in tests.
 //
 // Threads: Isend/Irecv/Iflush/Test of one comm come from one NCCL progress
 // thread and take no locks; RegMr/DeregMr may run concurrently on the

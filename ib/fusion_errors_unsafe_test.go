@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -58,7 +58,7 @@ func TestVNICFusion(t *testing.T) {
 			assert.Equal(t, c[0]*100000, p.Speed, "speeds add up (EDR 4x = 100 Gb/s each)")
 			sc, rc := connectPair(t, a, av, b, bv)
 			assert.Len(t, sc.qps, max(c[0], c[1]), "QPs striped over the larger side's members")
-			assert.Len(t, rc.flushQPs, c[1], "one loopback flush QP per member")
+			assert.Len(t, rc.flush.qps, c[1], "one loopback flush QP per member")
 			for i := 0; i < 2*max(c[0], c[1]); i++ { // rotate over every QP
 				size := 1000 + 4097*i
 				got, sizes := transfer(t, sc, rc, []int{size, 3}, []int{size, 8})
@@ -95,8 +95,8 @@ func TestMakeVDeviceRefusals(t *testing.T) {
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
 	_, err = h.t.MakeVDevice([]int{7})
 	assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err))
-	setEnv(t, "NCCL_IB_MERGE_NICS", "0")
-	_, err = h.t.MakeVDevice([]int{idx["ib0"], idx["ib1"]})
+	setEnv(t, "NCCL_IB_MERGE_NICS", "0") // read once, by Init
+	_, err = newHost(t, f, verbs.Features{}).t.MakeVDevice([]int{idx["ib0"], idx["ib1"]})
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
 	assert.ErrorContains(t, err, "NCCL_IB_MERGE_NICS=0")
 	v, err := h.t.MakeVDevice([]int{idx["ib1"]})
@@ -274,12 +274,16 @@ func TestRogueConnectionsDoNotDisturbListen(t *testing.T) {
 
 func TestMagicMismatchIsAClearError(t *testing.T) {
 	setEnv(t)
-	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "simA_0"})
+	f.AddDevice(softnic.DeviceConfig{Name: "simB_0"})
+	b := newHost(t, f, verbs.Features{}, "simB_0")
+	setEnv(t, "NCCL_SOCKET_MAGIC", "0x1234") // read once, by Init
+	a := newHost(t, f, verbs.Features{}, "simA_0")
 	var h nccl.Handle
 	l, err := b.t.Listen(0, &h)
 	require.NoError(t, err)
 	defer l.Close()
-	setEnv(t, "NCCL_SOCKET_MAGIC", "0x1234")
 	_, err = a.t.Connect(0, &h, nccl.ConnectOptions{})
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
 	assert.ErrorContains(t, err, "NCCL_SOCKET_MAGIC")
@@ -384,7 +388,13 @@ func TestSenderClosingAfterLastSendIsNoFailure(t *testing.T) {
 		within(t, "send done", func() (bool, error) { d, _, err := sc.Test(r); return d, err })
 	}
 	require.NoError(t, sc.Close())
-	time.Sleep(peerGrace + 100*time.Millisecond) // the close is old news by the first test
+	// Make the close old news before the first Test: let the receiver's
+	// watch see it, then move its clock past the grace period.
+	within(t, "the receiver sees the close", func() (bool, error) {
+		rc.watch.gone()
+		return rc.watch.goneAt != 0, nil
+	})
+	rc.watch.now = func() int64 { return monoNow() + int64(peerGrace) }
 	for i, r := range rreqs {
 		sizes := make([]int, 1)
 		within(t, "receive", func() (bool, error) { return rc.Test(r, sizes) })

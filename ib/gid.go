@@ -3,44 +3,11 @@ package ib
 import (
 	"fmt"
 	"net/netip"
-	"strings"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/sysfs"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/sysfs"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
-
-// gidConfig holds the RoCE GID selection settings (NCCL >= 2.21 semantics).
-type gidConfig struct {
-	index       int // NCCL_IB_GID_INDEX; -1 = automatic
-	family      int // 4 or 6, from NCCL_IB_ADDR_FAMILY (AF_INET default)
-	addrRange   netip.Prefix
-	hasRange    bool
-	roceVersion int // NCCL_IB_ROCE_VERSION_NUM (2)
-}
-
-func readGIDConfig(log nccl.Logger) (gidConfig, error) {
-	c := gidConfig{
-		index:       int(nccl.EnvInt(log, "NCCL_IB_GID_INDEX", -1)),
-		family:      4,
-		roceVersion: int(nccl.EnvInt(log, "NCCL_IB_ROCE_VERSION_NUM", 2)),
-	}
-	switch f := strings.ToUpper(nccl.EnvString("NCCL_IB_ADDR_FAMILY", "AF_INET")); f {
-	case "AF_INET", "INET", "IPV4":
-	case "AF_INET6", "INET6", "IPV6":
-		c.family = 6
-	default:
-		return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_FAMILY=%s is neither AF_INET nor AF_INET6", f)
-	}
-	if r := nccl.EnvString("NCCL_IB_ADDR_RANGE", ""); r != "" {
-		p, err := netip.ParsePrefix(r)
-		if err != nil {
-			return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_RANGE=%s is not a CIDR range (e.g. 10.0.0.0/8): %v", r, err)
-		}
-		c.addrRange, c.hasRange = p.Masked(), true
-	}
-	return c, nil
-}
 
 func gidFamily(g verbs.GID) int {
 	if netip.AddrFrom16(g).Is4In6() {
@@ -83,20 +50,33 @@ func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c 
 		return 0, verbs.GID{}, err
 	}
 	curIdx := 0
-	curVer, _ := fs.RoCEVersion(dev, port, 0)
+	// The RoCE type lives in sysfs: read it only for candidates that could
+	// win, as NCCL does. The table is mostly empty (rxe's has 1024 entries),
+	// and this runs for every connection.
+	version := func(i int) int {
+		v, err := fs.RoCEVersion(dev, port, i)
+		if err != nil {
+			return -1 // EINVAL: not mapped into this namespace; else unknown
+		}
+		return v
+	}
+	curVer, curVerKnown := 0, false
 	for i := 1; i < attr.GIDTblLen; i++ {
 		g, err := ctx.QueryGID(port, i)
-		if err != nil {
+		if err != nil || !c.inRange(g) || gidFamily(g) != c.family {
 			continue
 		}
-		ver, err := fs.RoCEVersion(dev, port, i)
-		if err != nil {
-			continue // EINVAL: not mapped into this namespace; anything else: unknown type
+		if gidFamily(cur) != c.family {
+			cur, curIdx, curVerKnown = g, i, false
+			continue
 		}
-		famSwitch := gidFamily(g) == c.family && gidFamily(cur) != c.family && gidValid(g) && c.inRange(g)
-		verSwitch := gidFamily(g) == gidFamily(cur) && gidValid(g) && c.inRange(g) && ver == c.roceVersion &&
-			(curVer != c.roceVersion || !gidValid(cur))
-		if famSwitch || verSwitch {
+		if !gidValid(g) {
+			continue
+		}
+		if !curVerKnown {
+			curVer, curVerKnown = version(curIdx), true
+		}
+		if ver := version(i); ver == c.roceVersion && (curVer != ver || !gidValid(cur)) {
 			cur, curIdx, curVer = g, i, ver
 		}
 	}
@@ -104,4 +84,39 @@ func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c 
 		return curIdx, cur, fmt.Errorf("no routable GID on %s port %d (best was index %d, %v); give the netdev an IP address or set NCCL_IB_GID_INDEX", dev, port, curIdx, cur)
 	}
 	return curIdx, cur, nil
+}
+
+// resolveGID is the GID a new connection uses. NCCL scans the whole GID
+// table for every connection; a RoCE port's table is large (rxe: 1024
+// entries, one ioctl each) and mostly empty, so the choice is kept and
+// scanned again only when the kernel reports IBV_EVENT_GID_CHANGE on the
+// port, or when the chosen entry no longer holds the same GID (one query
+// per connection), which covers an address removed or replaced in place.
+func (d *device) resolveGID(t *Transport) (int, verbs.GID, error) {
+	if d.attr.LinkLayer != verbs.LinkEthernet {
+		return d.gidIndex, d.gid, nil
+	}
+	d.gidMu.Lock()
+	defer d.gidMu.Unlock()
+	if !d.gidStale {
+		if g, err := d.hca.ctx.QueryGID(d.port, d.gidIndex); err == nil && g == d.gid {
+			return d.gidIndex, d.gid, nil
+		}
+	}
+	idx, g, err := selectGID(d.hca.ctx, t.fs, d.port, d.attr, t.cfg.gid)
+	if err != nil {
+		return 0, verbs.GID{}, err
+	}
+	if idx != d.gidIndex || g != d.gid {
+		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: GID index %d (%v) now, %d (%v) before", d, idx, g, d.gidIndex, d.gid)
+	}
+	d.gidIndex, d.gid, d.gidStale = idx, g, false
+	return idx, g, nil
+}
+
+// gidChanged marks the port's GID choice stale (IBV_EVENT_GID_CHANGE).
+func (d *device) gidChanged() {
+	d.gidMu.Lock()
+	d.gidStale = true
+	d.gidMu.Unlock()
 }

@@ -9,10 +9,11 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -54,6 +55,17 @@ func (l *captureLog) has(sub string) bool {
 	}
 	return false
 }
+func (l *captureLog) count(sub string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, s := range l.lines {
+		if strings.Contains(s, sub) {
+			n++
+		}
+	}
+	return n
+}
 func (l *captureLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -62,16 +74,19 @@ func (l *captureLog) String() string {
 
 // host is one transport instance ("node") on a software fabric.
 type host struct {
-	t   *Transport
-	log *captureLog
+	t    *Transport
+	log  *captureLog
+	root string // its sysfs tree
 }
 
 func newHost(t *testing.T, f *softnic.Fabric, feat verbs.Features, devs ...string) *host {
 	t.Helper()
 	root := t.TempDir()
 	require.NoError(t, f.WriteSysfs(root))
-	h := &host{t: NewWithOptions(Options{Provider: f.Provider(feat, devs...), SysfsRoot: root}), log: &captureLog{}}
+	h := &host{t: NewWithOptions(Options{Provider: f.Provider(feat, devs...), SysfsRoot: root}), log: &captureLog{}, root: root}
 	require.NoError(t, h.t.Init(nccl.InitContext{Log: h.log}))
+	// Cleanups run last-in first-out: the NIC is checked after Finalize.
+	t.Cleanup(func() { assert.Empty(t, f.Violations(), "use-after-free or leak reported by the software NIC") })
 	t.Cleanup(func() { require.NoError(t, h.t.Finalize()) })
 	return h
 }
@@ -202,4 +217,27 @@ func twoHosts(t *testing.T, cfg softnic.DeviceConfig) (*softnic.Fabric, *host, *
 	f.AddDevice(a)
 	f.AddDevice(b)
 	return f, newHost(t, f, verbs.Features{}, "simA_0"), newHost(t, f, verbs.Features{}, "simB_0")
+}
+
+// mmapBytes is n bytes outside the Go heap, unmapped when the test ends.
+func mmapBytes(t testing.TB, n int) []byte {
+	t.Helper()
+	m, err := unix.Mmap(-1, 0, max(n, 1), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(m) })
+	return m
+}
+
+// fakeGPU is an address NCCL could pass for GPU memory: a dma-buf
+// registration names it, the host never dereferences it.
+func fakeGPU(addr uintptr) unsafe.Pointer { return unsafe.Add(unsafe.Pointer(nil), addr) }
+
+// memfd stands in for a GPU dma-buf fd: the software NIC maps it.
+func memfd(t testing.TB, size int) int {
+	t.Helper()
+	fd, err := unix.MemfdCreate("dmabuf", 0)
+	require.NoError(t, err)
+	require.NoError(t, unix.Ftruncate(fd, int64(size)))
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	return fd
 }

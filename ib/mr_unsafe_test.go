@@ -8,8 +8,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -57,10 +58,13 @@ func TestMRCacheSharesRegistrations(t *testing.T) {
 	assert.False(t, lookupMR(small).covers(uint64(uintptr(p)), 65))
 }
 
-func TestDMABufRegistrationKeepsItsOwnFD(t *testing.T) {
+// A dma-buf registration survives NCCL closing its fd right away (the
+// kernel holds the buffer), and is cached like host memory: the same range
+// registered twice is one MR, with hits and misses counted.
+func TestDMABufRegistrationIsCached(t *testing.T) {
 	setEnv(t)
 	f := softnic.NewFabric()
-	f.AddDevice(softnic.DeviceConfig{Name: "simA_0"})
+	dev := f.AddDevice(softnic.DeviceConfig{Name: "simA_0"})
 	f.AddDevice(softnic.DeviceConfig{Name: "simB_0"})
 	feat := verbs.Features{DMABuf: true}
 	a, b := newHost(t, f, feat, "simA_0"), newHost(t, f, feat, "simB_0")
@@ -69,18 +73,24 @@ func TestDMABufRegistrationKeepsItsOwnFD(t *testing.T) {
 	// A memfd stands in for a GPU dma-buf: the software NIC maps it.
 	fd, err := unix.MemfdCreate("dmabuf", 0)
 	require.NoError(t, err)
-	require.NoError(t, unix.Ftruncate(fd, 8192))
-	view, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	require.NoError(t, unix.Ftruncate(fd, 3*4096))
+	view, err := unix.Mmap(fd, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	require.NoError(t, err)
 	defer unix.Munmap(view)
-	// An address NCCL would pass for GPU memory: never dereferenced on the host.
-	iova := unsafe.Add(unsafe.Pointer(nil), 0x7f0000000000)
-	mh, err := rc.RegMrDMABuf(iova, 4096, nccl.PtrCUDA, 4096, fd)
+	gpu := fakeGPU(0x7f0000000000)
+	mh, err := rc.RegMrDMABuf(gpu, 4096, nccl.PtrCUDA, 4096, fd)
+	require.NoError(t, err)
+	before := f.Device("simB_0").MRCount()
+	mh2, err := rc.RegMrDMABuf(gpu, 4096, nccl.PtrCUDA, 4096, fd)
 	require.NoError(t, err)
 	require.NoError(t, unix.Close(fd)) // NCCL closes it right away
+	assert.Equal(t, before, f.Device("simB_0").MRCount(), "the second registration is a cache hit")
+	st, _ := b.t.MRStats(0)
+	assert.Equal(t, uint64(1), st.Hits)
+	require.NoError(t, rc.DeregMr(mh2))
 	defer rc.DeregMr(mh)
 
-	r, err := rc.Irecv([]nccl.RecvBuffer{{Data: iova, Size: 4096, MH: mh}})
+	r, err := rc.Irecv([]nccl.RecvBuffer{{Data: gpu, Size: 4096, MH: mh}})
 	require.NoError(t, err)
 	sb := newBuf(t, sc, 100, 0)
 	copy(sb.b, pattern(100, 3))
@@ -93,6 +103,56 @@ func TestDMABufRegistrationKeepsItsOwnFD(t *testing.T) {
 	within(t, "recv", func() (bool, error) { return rc.Test(r, make([]int, 1)) })
 	within(t, "send", func() (bool, error) { d, _, err := sc.Test(sr); return d, err })
 	assert.Equal(t, pattern(100, 3), view[4096:4196], "data landed at the dma-buf offset")
+	_ = dev
+}
+
+// The cache is sorted by start address. A registration that starts earlier
+// and covers a range must be found even when a smaller registration sorts
+// between it and the range (a sort.Search on "end > start" is not
+// monotonic there and misses it).
+func TestMRCacheFindsCoveringEntryPastSmallerOne(t *testing.T) {
+	setEnv(t)
+	f, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, _ := connectPair(t, a, 0, b, 0)
+	dev := f.Device("simA_0")
+	mem := mmapBytes(t, 10*4096)
+	p := unsafe.Pointer(&mem[0])
+	small, err := sc.RegMr(unsafe.Add(p, 4096), 4096, nccl.PtrHost) // pages [1,2)
+	require.NoError(t, err)
+	large, err := sc.RegMr(p, 10*4096, nccl.PtrHost) // pages [0,10): sorts before small
+	require.NoError(t, err)
+	n := dev.MRCount()
+	st0, _ := a.t.MRStats(0)
+	inner, err := sc.RegMr(unsafe.Add(p, 5*4096), 4096, nccl.PtrHost) // page 5: only large covers it
+	require.NoError(t, err)
+	assert.Equal(t, n, dev.MRCount(), "page 5 lies inside the large registration: no new MR")
+	st, _ := a.t.MRStats(0)
+	assert.Equal(t, st0.Hits+1, st.Hits)
+	assert.Equal(t, st0.Misses, st.Misses)
+	for _, mh := range []nccl.MemHandle{inner, large, small} {
+		require.NoError(t, sc.DeregMr(mh))
+	}
+}
+
+// The MR cache's counters reach the plugin's metrics (docs/metrics.md): the
+// series of the port the cache belongs to.
+func TestMRCacheCountersReachMetrics(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, _ := connectPair(t, a, 0, b, 0)
+	m := metrics.ForDevice("ib", "simA_0", 1)
+	h0, m0, r0 := m.MRHits.Load(), m.MRMisses.Load(), m.MRRegistered.Load()
+	mem := mmapBytes(t, 2*4096)
+	whole, err := sc.RegMr(unsafe.Pointer(&mem[0]), len(mem), nccl.PtrHost)
+	require.NoError(t, err)
+	part, err := sc.RegMr(unsafe.Pointer(&mem[100]), 10, nccl.PtrHost)
+	require.NoError(t, err)
+	assert.Equal(t, h0+1, m.MRHits.Load())
+	assert.Equal(t, m0+1, m.MRMisses.Load())
+	assert.Equal(t, r0+2*4096, m.MRRegistered.Load())
+	require.NoError(t, sc.DeregMr(part))
+	require.NoError(t, sc.DeregMr(whole))
+	assert.Equal(t, r0, m.MRRegistered.Load(), "released when the last reference goes")
 }
 
 // TestDataPathDoesNotAllocate runs the steady-state isend/irecv/test loop
@@ -165,4 +225,21 @@ func BenchmarkSoftNICPingPong(b *testing.B) {
 			loop.run(b, b.N)
 		})
 	}
+}
+
+// The peer check runs on the data path (every 128th idle call): it must not
+// allocate either.
+func TestPeerCheckDoesNotAllocate(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, _ := connectPair(t, a, 0, b, 0)
+	require.NotNil(t, sc.watch.conn)
+	allocs := testing.AllocsPerRun(10, func() {
+		for i := 0; i < 4*peerCheckEvery; i++ {
+			if sc.watch.gone() {
+				t.Fatal("peer reported gone while alive")
+			}
+		}
+	})
+	assert.Zero(t, allocs)
 }

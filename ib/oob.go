@@ -3,13 +3,10 @@ package ib
 import (
 	"crypto/rand"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"syscall"
-	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -44,10 +41,6 @@ const (
 
 	defaultMagic = 0x564ab9f2fc4b9d6c
 )
-
-func socketMagic(log nccl.Logger) uint64 {
-	return uint64(nccl.EnvInt(log, "NCCL_SOCKET_MAGIC", defaultMagic))
-}
 
 func randomU64() uint64 {
 	var b [8]byte
@@ -125,6 +118,21 @@ type helloReply struct {
 
 const replyIncompatible = 1
 
+// check validates a hello against the listen it arrived on.
+func (h *hello) check(magic, secret uint64) error {
+	switch {
+	case h.Magic != magic:
+		return fmt.Errorf("magic %#x is not this listen's %#x", h.Magic, magic)
+	case h.Type != socketTypeNetIB:
+		return fmt.Errorf("socket type %d is not NetIb (%d)", h.Type, socketTypeNetIB)
+	case h.Version != protoVersion:
+		return fmt.Errorf("protocol version %d is not %d (a different plugin build)", h.Version, protoVersion)
+	case h.Secret != secret:
+		return fmt.Errorf("the secret does not match this listen (a stale handle)")
+	}
+	return nil
+}
+
 const (
 	maxQPs     = 128 // NCCL_IB_MAX_QPS
 	maxVDevs   = nccl.MaxDevsPerNICV12
@@ -167,29 +175,6 @@ type connMeta struct {
 
 func writeMsg(c net.Conn, v any) error { return binary.Write(c, binary.LittleEndian, v) }
 func readMsg(c net.Conn, v any) error  { return binary.Read(c, binary.LittleEndian, v) }
-
-// dialRetry connects to addr, retrying refused/unreachable connections like
-// NCCL does (NCCL_SOCKET_RETRY_CNT x NCCL_SOCKET_RETRY_SLEEP_MSEC, linear
-// back-off) until deadline.
-func dialRetry(addr netip.AddrPort, deadline time.Time, log nccl.Logger) (net.Conn, error) {
-	retries := int(nccl.EnvInt(log, "NCCL_SOCKET_RETRY_CNT", 34))
-	sleep := time.Duration(nccl.EnvInt(log, "NCCL_SOCKET_RETRY_SLEEP_MSEC", 100)) * time.Millisecond
-	for i := 0; ; i++ {
-		d := net.Dialer{Deadline: deadline}
-		c, err := d.Dial("tcp", addr.String())
-		if err == nil {
-			if tc, ok := c.(*net.TCPConn); ok {
-				_ = tc.SetNoDelay(true)
-			}
-			return c, nil
-		}
-		retryable := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH)
-		if !retryable || i >= retries || time.Now().Add(sleep*time.Duration(i+1)).After(deadline) {
-			return nil, fmt.Errorf("connect to %v: %w (after %d retries; check NCCL_SOCKET_IFNAME and firewalls)", addr, err, i)
-		}
-		time.Sleep(sleep * time.Duration(i+1))
-	}
-}
 
 // readFull reads exactly len(b) bytes (io.ReadFull with a clearer error).
 func readFull(c net.Conn, b []byte) error {

@@ -3,6 +3,7 @@ package ib
 import (
 	"errors"
 	"net"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -12,11 +13,21 @@ import (
 
 // RDMA gives a receiver no signal when its sender dies: a receive whose
 // sender was killed mid-transfer just never completes (NCCL's own IB
-// transport hangs there until the job is aborted from outside). The
-// handshake TCP connection is therefore kept open for the comm's lifetime,
-// carrying nothing, and the data path polls it now and then: end of file or
-// a reset means the peer's process exited or it closed its comm. TCP
-// keepalive covers a peer host that vanished without closing anything.
+// transport hangs there until the job is aborted from outside), and a
+// sender waiting for a clear-to-send from a dead receiver waits forever.
+// The handshake TCP connection is therefore kept open for the comm's
+// lifetime, carrying nothing, and the data path reads it, without blocking,
+// now and then:
+//
+//   - end of file or a reset: the peer's process exited or closed its comm;
+//   - ETIMEDOUT: the peer's host stopped answering. TCP keepalive probes the
+//     idle connection and TCP_USER_TIMEOUT (NCCL_GO_TIMEOUT) aborts it when
+//     they go unacknowledged that long, so a vanished host is noticed within
+//     NCCL_GO_TIMEOUT, in both directions, with or without data in flight.
+//
+// Liveness, not progress: a peer whose kernel still answers is alive however
+// long its application does not post, read, or even run (a SIGSTOPped
+// process included); NCCL's or the framework's watchdog owns that decision.
 
 const (
 	// peerCheckEvery: one non-blocking read per this many data-path calls
@@ -30,12 +41,16 @@ const (
 )
 
 type peerWatch struct {
-	conn   net.Conn // owns the fd; nil when the comm has no OOB connection
-	fd     int
+	conn   *net.TCPConn // owns the socket; nil when the comm has no OOB connection
+	raw    syscall.RawConn
+	readFn func(fd uintptr) bool // made once: calling it allocates nothing
+	n      int
+	err    error
 	calls  uint32
 	goneAt int64 // monotonic ns at which the close was seen; 0 while alive
 	why    string
 	buf    [16]byte
+	now    func() int64 // the monotonic clock (tests move it)
 }
 
 // epoch anchors the monotonic clock of goneAt.
@@ -43,35 +58,40 @@ var epoch = time.Now()
 
 func monoNow() int64 { return int64(time.Since(epoch)) }
 
-// attach takes ownership of the handshake connection. It is best effort:
-// without it (a connection that is not TCP) the comm just cannot tell a dead
-// peer from a slow one.
-func (w *peerWatch) attach(conn net.Conn, log nccl.Logger) {
+// attach takes ownership of the handshake connection and arms keepalive and
+// TCP_USER_TIMEOUT with the dead-peer timeout (off when it is 0). It is best
+// effort: without it (a connection that is not TCP) the comm just cannot
+// tell a dead peer from a slow one.
+func (w *peerWatch) attach(conn net.Conn, timeout time.Duration) {
+	w.now = monoNow
 	tc, ok := conn.(*net.TCPConn)
 	if !ok {
 		_ = conn.Close()
 		return
 	}
 	_ = tc.SetDeadline(time.Time{})
-	if d := nccl.PeerTimeout(log); d > 0 {
-		_ = tc.SetKeepAliveConfig(nccl.KeepAlive(d))
-	}
-	rc, err := tc.SyscallConn()
+	raw, err := tc.SyscallConn()
 	if err != nil {
 		_ = conn.Close()
 		return
 	}
-	fd := -1
-	if rc.Control(func(f uintptr) { fd = int(f) }) != nil || fd < 0 {
-		_ = conn.Close()
-		return
+	if timeout > 0 {
+		_ = tc.SetKeepAliveConfig(nccl.KeepAlive(timeout))
+		ms := int(min(timeout.Milliseconds(), 1<<31-1))
+		_ = raw.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms)
+		})
 	}
-	w.conn, w.fd = tc, fd
+	w.conn, w.raw = tc, raw
+	w.readFn = func(fd uintptr) bool {
+		w.n, w.err = unix.Read(int(fd), w.buf[:])
+		return true // never wait for readiness: the data path must not block
+	}
 }
 
-// gone reports, at most every peerCheckEvery calls, whether the peer closed
-// more than peerGrace ago. The caller has just polled its completions and
-// still has work pending. Progress-thread only; no allocation.
+// gone reports, at most every peerCheckEvery calls, whether the peer went
+// away more than peerGrace ago. The caller has just polled its completions
+// and still has work pending. Progress-thread only; no allocation.
 func (w *peerWatch) gone() bool {
 	if w.conn == nil {
 		return false
@@ -81,21 +101,25 @@ func (w *peerWatch) gone() bool {
 		return false
 	}
 	if w.goneAt == 0 {
-		n, err := unix.Read(w.fd, w.buf[:])
-		switch {
-		case err == nil && n == 0:
-			w.why = "closed the connection (its process exited or it closed the comm)"
-		case err == nil:
-			w.why = "sent unexpected bytes on the idle handshake connection (a different plugin build?)"
-		case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR):
-			return false
-		default:
-			w.why = "connection failed: " + err.Error()
+		if err := w.raw.Read(w.readFn); err != nil {
+			w.n, w.err = 0, err
 		}
-		w.goneAt = max(monoNow(), 1)
+		switch {
+		case w.err == nil && w.n == 0:
+			w.why = "closed the connection (its process exited or it closed the comm)"
+		case w.err == nil:
+			w.why = "sent unexpected bytes on the idle handshake connection (a different plugin build?)"
+		case errors.Is(w.err, unix.EAGAIN) || errors.Is(w.err, unix.EINTR):
+			return false
+		case errors.Is(w.err, unix.ETIMEDOUT):
+			w.why = "stopped answering: its host is unreachable (keepalive unacknowledged for NCCL_GO_TIMEOUT)"
+		default:
+			w.why = "connection failed: " + w.err.Error()
+		}
+		w.goneAt = max(w.now(), 1)
 		return false
 	}
-	return monoNow()-w.goneAt >= int64(peerGrace)
+	return w.now()-w.goneAt >= int64(peerGrace)
 }
 
 func (w *peerWatch) close() {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 )
 
 func TestSingleReceiveSizes(t *testing.T) {
@@ -170,7 +170,7 @@ func TestFlush(t *testing.T) {
 		setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
 		_, a, b := twoHosts(t, softnic.DeviceConfig{})
 		sc, rc := connectPair(t, a, 0, b, 0)
-		require.True(t, rc.flushEnabled)
+		require.True(t, rc.flush.enabled)
 		got, sizes := transfer(t, sc, rc, []int{10, 0}, []int{64, 64})
 		rb := newBuf(t, rc, 64, 0)
 		copy(rb.b, got[0])
@@ -178,7 +178,7 @@ func TestFlush(t *testing.T) {
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, r, nccl.Request(flushIDBase))
 		within(t, "flush", func() (bool, error) { return rc.Test(r, nil) })
-		assert.Equal(t, rb.b[0], rc.flushMem.b[0], "the READ fetched the first received byte")
+		assert.Equal(t, rb.b[0], rc.flush.mem.b[0], "the READ fetched the first received byte")
 		r, err = rc.Iflush([]nccl.RecvBuffer{{Data: rb.ptr(), Size: 0, MH: rb.mh}})
 		require.NoError(t, err)
 		assert.Equal(t, nccl.NoRequest, r, "nothing received: nothing to flush")
@@ -196,6 +196,6 @@ func TestFlush(t *testing.T) {
 		setEnv(t)
 		_, a, b := twoHosts(t, softnic.DeviceConfig{})
 		_, rc := connectPair(t, a, 0, b, 0)
-		assert.False(t, rc.flushEnabled, "no GPU-direct support, no forcing: no flush")
+		assert.False(t, rc.flush.enabled, "no GPU-direct support, no forcing: no flush")
 	})
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"unsafe"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -202,13 +201,11 @@ func testTruncation(h *H) {
 func truncate(h *H, capacity, size int) {
 	name := fmt.Sprintf("send %d bytes into a %d-byte receive", size, capacity)
 	p := h.connect()
-	mem := make([]byte, capacity+guard)
+	recvBuf := h.buffer(p.Recv, capacity+guard)
+	mem := recvBuf.b
 	fillSentinel(mem)
-	data := make([]byte, size)
-	fillPattern(data, h.nextSeed())
-	h.mu.Lock()
-	h.flows = append(h.flows, &flow{recvs: []*recvOp{{mem: [][]byte{mem}}}, sends: []*sendOp{{data: data}}})
-	h.mu.Unlock()
+	sendBuf := h.buffer(p.Send, size)
+	fillPattern(sendBuf.b, h.nextSeed())
 
 	var rreq, sreq nccl.Request = nccl.NoRequest, nccl.NoRequest
 	var err error
@@ -217,12 +214,12 @@ func truncate(h *H, capacity, size int) {
 	sendDone, sendErr := false, error(nil)
 	for {
 		if rreq == nccl.NoRequest {
-			bufs := []nccl.RecvBuffer{{Data: ptr(mem), Size: capacity, Tag: 7}}
+			bufs := []nccl.RecvBuffer{{Data: recvBuf.ptr(), Size: capacity, Tag: 7, MH: recvBuf.mh}}
 			h.call("Irecv", func() { rreq, err = p.Recv.Irecv(bufs) })
 			h.NoError(err, "%s: Irecv", name)
 		}
 		if sreq == nccl.NoRequest {
-			h.call("Isend", func() { sreq, err = p.Send.Isend(ptr(data), size, 7, 0) })
+			h.call("Isend", func() { sreq, err = p.Send.Isend(sendBuf.ptr(), size, 7, sendBuf.mh) })
 			h.NoError(err, "%s: Isend", name)
 		}
 		if rreq != nccl.NoRequest {
@@ -252,7 +249,7 @@ func truncate(h *H, capacity, size int) {
 	// NCCL aborts the communicator after such an error: the receiving end is
 	// closed, and the sending end must then finish (done or an error) so that
 	// its proxy does not spin forever.
-	h.closeBounded("RecvComm.Close", p.Recv.Close)
+	h.closeComm("RecvComm.Close", p.Recv)
 	p.recvClosed = true
 	for !sendDone && sendErr == nil {
 		h.call("SendComm.Test", func() { sendDone, _, sendErr = p.Send.Test(sreq) })
@@ -413,7 +410,7 @@ func testNilSizes(h *H) {
 
 func testRegMr(h *H) {
 	p := h.connect()
-	buf := make([]byte, 1<<20)
+	buf := h.buffer(nil, 1<<20)
 	props := h.props()
 	for _, c := range []struct {
 		name string
@@ -421,7 +418,7 @@ func testRegMr(h *H) {
 	}{{"SendComm", p.Send}, {"RecvComm", p.Recv}} {
 		var mh nccl.MemHandle
 		var err error
-		h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(unsafe.Pointer(&buf[0]), len(buf), nccl.PtrHost) })
+		h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(buf.ptr(), len(buf.b), nccl.PtrHost) })
 		h.NoError(err, "%s.RegMr of host memory", c.name)
 		if mh == 0 {
 			h.Errorf("%s.RegMr returned the zero MemHandle for a successful registration", c.name)
@@ -431,13 +428,12 @@ func testRegMr(h *H) {
 		h.call(c.name+".DeregMr", func() { err = c.comm.DeregMr(0) })
 		h.NoError(err, "%s.DeregMr(0): NCCL deregisters failed registrations too", c.name)
 		if props.PtrSupport&nccl.PtrCUDA == 0 {
-			h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(unsafe.Pointer(&buf[0]), len(buf), nccl.PtrCUDA) })
+			h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(buf.ptr(), len(buf.b), nccl.PtrCUDA) })
 			if err == nil {
 				h.Errorf("%s.RegMr(PtrCUDA) succeeded on a device without PtrCUDA support", c.name)
 			}
 		}
 	}
-	runtime.KeepAlive(buf)
 	// The comm still moves data after registrations came and went.
 	h.pump(h.newFlow("after RegMr", p, mixedGroups(8, 2)))
 }
@@ -448,14 +444,14 @@ func testRegMrConcurrent(h *H) {
 	var wg sync.WaitGroup
 	reg := func(c nccl.Comm, name string) {
 		defer wg.Done()
-		buf := make([]byte, 64<<10)
+		buf := h.buffer(nil, 64<<10)
 		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			mh, err := c.RegMr(unsafe.Pointer(&buf[0]), len(buf), nccl.PtrHost)
+			mh, err := c.RegMr(buf.ptr(), len(buf.b), nccl.PtrHost)
 			if err != nil {
 				h.Errorf("%s.RegMr concurrent with the data path: %v", name, err)
 				return
@@ -553,7 +549,7 @@ func testSenderClosesFirst(h *H) {
 			runtime.Gosched()
 		}
 		p.sendClosed = true
-		h.closeBounded("SendComm.Close", p.Send.Close)
+		h.closeComm("SendComm.Close", p.Send)
 		h.pump(f)
 		h.closePair(p)
 	}

@@ -28,7 +28,10 @@
 // sizes; RegMr/DeregMr (including DeregMr(0)) racing the data path; concurrent
 // connection set-up; and Close with requests outstanding returning promptly.
 //
-// Buffers are Go memory handed over as unsafe.Pointer to their first byte, the
-// way NCCL hands over C memory; the suite keeps them alive until the transport
-// reports completion or the comm is closed.
+// Buffers are memory outside the Go heap (mmap), handed over as the address of
+// their first byte, the way NCCL hands over C or GPU memory: a transport may
+// give it to a NIC or to C. Each stays mapped until the transport reports its
+// request complete or the comm is closed. With Options.Register the suite
+// registers every buffer (RegMr) before posting it and deregisters it after,
+// as NCCL's proxy does for RDMA transports.
 package nccltest

@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -83,12 +82,18 @@ func (h *H) connect() *Pair {
 func (h *H) closePair(p *Pair) {
 	if p.Send != nil && !p.sendClosed {
 		p.sendClosed = true
-		h.closeBounded("SendComm.Close", p.Send.Close)
+		h.closeComm("SendComm.Close", p.Send)
 	}
 	if p.Recv != nil && !p.recvClosed {
 		p.recvClosed = true
-		h.closeBounded("RecvComm.Close", p.Recv.Close)
+		h.closeComm("RecvComm.Close", p.Recv)
 	}
+}
+
+// closeComm deregisters the test's buffers on c, then closes it (bounded).
+func (h *H) closeComm(name string, c nccl.Comm) {
+	h.deregOn(c)
+	h.closeBounded(name, c.Close)
 }
 
 // closeBounded calls f and fails the subtest (without waiting further) when it
@@ -111,15 +116,6 @@ func (h *H) closeBounded(name string, f func() error) {
 	}
 	e := ""
 	h.op.Store(&e)
-}
-
-// ptr returns the address NCCL would pass for b: its first byte. A zero-length
-// buffer still gets a valid address (NCCL never passes NULL for a 0-byte send).
-func ptr(b []byte) unsafe.Pointer {
-	if cap(b) == 0 {
-		b = make([]byte, 1)
-	}
-	return unsafe.Pointer(unsafe.SliceData(b[:1]))
 }
 
 // fillPattern writes the bytes of message seed into b. Every message of a
@@ -230,7 +226,7 @@ func single(size, capacity int) group {
 
 type recvOp struct {
 	g      *group
-	mem    [][]byte
+	mem    []*buffer
 	seeds  []uint64
 	want   []int // size expected in each buffer
 	req    nccl.Request
@@ -241,7 +237,7 @@ type recvOp struct {
 
 type sendOp struct {
 	g, s   int
-	data   []byte
+	data   *buffer
 	seed   uint64
 	req    nccl.Request
 	posted bool
@@ -285,7 +281,7 @@ func (h *H) newFlow(name string, p *Pair, groups []group) *flow {
 		maxSends: nccl.MaxRequests * h.maxRecvs()}
 	for gi := range groups {
 		g := &groups[gi]
-		ro := &recvOp{g: g, mem: make([][]byte, len(g.bufs)), seeds: make([]uint64, len(g.bufs)),
+		ro := &recvOp{g: g, mem: make([]*buffer, len(g.bufs)), seeds: make([]uint64, len(g.bufs)),
 			want: make([]int, len(g.bufs)), sizes: make([]int, len(g.bufs))}
 		for i := range ro.want {
 			ro.want[i] = -1
@@ -314,11 +310,11 @@ func (f *flow) postRecv() {
 	bufs := make([]nccl.RecvBuffer, len(ro.g.bufs))
 	for i, b := range ro.g.bufs {
 		if ro.mem[i] == nil {
-			m := make([]byte, b.cap+guard)
-			fillSentinel(m)
+			m := f.h.buffer(f.p.Recv, b.cap+guard)
+			fillSentinel(m.b)
 			ro.mem[i] = m
 		}
-		bufs[i] = nccl.RecvBuffer{Data: ptr(ro.mem[i]), Size: b.cap, Tag: b.tag}
+		bufs[i] = nccl.RecvBuffer{Data: ro.mem[i].ptr(), Size: b.cap, Tag: b.tag, MH: ro.mem[i].mh}
 	}
 	var r nccl.Request
 	var err error
@@ -336,12 +332,12 @@ func (f *flow) postSend() {
 	so := f.sends[f.nextS]
 	spec := f.groups[so.g].sends[so.s]
 	if so.data == nil {
-		so.data = make([]byte, spec.size)
-		fillPattern(so.data, so.seed)
+		so.data = f.h.buffer(f.p.Send, spec.size)
+		fillPattern(so.data.b, so.seed)
 	}
 	var r nccl.Request
 	var err error
-	f.h.call("Isend", func() { r, err = f.p.Send.Isend(ptr(so.data), spec.size, spec.tag, 0) })
+	f.h.call("Isend", func() { r, err = f.p.Send.Isend(so.data.ptr(), spec.size, spec.tag, so.data.mh) })
 	f.h.NoError(err, "%s: Isend %d (%d bytes, tag %d)", f.name, f.nextS, spec.size, spec.tag)
 	if r == nccl.NoRequest {
 		f.noRequest++
@@ -418,9 +414,10 @@ func (f *flow) step() bool {
 			h.NoError(err, "%s: Test of send %d", f.name, i)
 			if done {
 				so.done = true
-				if n != len(so.data) {
-					h.Errorf("%s: send %d of %d bytes reported %d bytes sent", f.name, i, len(so.data), n)
+				if n != len(so.data.b) {
+					h.Errorf("%s: send %d of %d bytes reported %d bytes sent", f.name, i, len(so.data.b), n)
 				}
+				h.free(so.data)
 				so.data = nil
 			}
 		}
@@ -447,12 +444,13 @@ func (f *flow) verifyRecv(i int, ro *recvOp) {
 		if want < 0 {
 			continue
 		}
-		if err := checkPattern(ro.mem[b][:want], ro.seeds[b]); err != nil {
+		if err := checkPattern(ro.mem[b].b[:want], ro.seeds[b]); err != nil {
 			h.Errorf("%s: receive %d buffer %d (tag %d, %d bytes): data corrupt: %v", f.name, i, b, ro.g.bufs[b].tag, want, err)
 		}
-		if err := checkSentinel(ro.mem[b], want); err != nil {
+		if err := checkSentinel(ro.mem[b].b, want); err != nil {
 			h.Errorf("%s: receive %d buffer %d (capacity %d, %d bytes received): %v", f.name, i, b, ro.g.bufs[b].cap, want, err)
 		}
+		h.free(ro.mem[b])
 		ro.mem[b] = nil
 	}
 	if h.failed() {

@@ -26,6 +26,11 @@ type memTransport struct {
 	hangClose     bool // Close waits for outstanding requests forever
 	refuseDereg0  bool
 	wrongSizeSent bool
+
+	// checkRegs makes it an RDMA-like transport: data must lie in a live
+	// registration of the same comm (Options.Register).
+	checkRegs bool
+	regs      map[nccl.MemHandle][2]uintptr
 }
 
 func (t *memTransport) Name() string { return "mem" }
@@ -171,8 +176,11 @@ func (c *memConn) progress() {
 type memSend struct{ c *memConn }
 type memRecv struct{ c *memConn }
 
-func (s *memSend) Isend(data unsafe.Pointer, size, tag int, _ nccl.MemHandle) (nccl.Request, error) {
+func (s *memSend) Isend(data unsafe.Pointer, size, tag int, mh nccl.MemHandle) (nccl.Request, error) {
 	c := s.c
+	if err := c.registered(data, size, mh); err != nil {
+		return nccl.NoRequest, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range c.sends {
@@ -205,6 +213,11 @@ func (s *memSend) Test(r nccl.Request) (bool, int, error) {
 
 func (r *memRecv) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	c := r.c
+	for _, b := range bufs {
+		if err := c.registered(b.Data, b.Size, b.MH); err != nil {
+			return nccl.NoRequest, err
+		}
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i := range c.recvs {
@@ -239,16 +252,47 @@ func (r *memRecv) Test(req nccl.Request, sizes []int) (bool, error) {
 	return true, nil
 }
 
-func (c *memConn) regMr(_ unsafe.Pointer, _ int, t nccl.PtrType) (nccl.MemHandle, error) {
+func (c *memConn) regMr(p unsafe.Pointer, n int, t nccl.PtrType) (nccl.MemHandle, error) {
 	if t != nccl.PtrHost {
 		return 0, nccl.Errorf(nccl.InternalError, "host memory only")
 	}
-	return 1, nil
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
+	if c.t.regs == nil {
+		c.t.regs = map[nccl.MemHandle][2]uintptr{}
+	}
+	c.t.next++
+	mh := nccl.MemHandle(c.t.next)
+	c.t.regs[mh] = [2]uintptr{uintptr(p), uintptr(p) + uintptr(n)}
+	return mh, nil
 }
 
 func (c *memConn) deregMr(mh nccl.MemHandle) error {
-	if mh == 0 && c.t.refuseDereg0 {
-		return fmt.Errorf("nil handle")
+	if mh == 0 {
+		if c.t.refuseDereg0 {
+			return fmt.Errorf("nil handle")
+		}
+		return nil
+	}
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
+	if _, ok := c.t.regs[mh]; !ok {
+		return nccl.Errorf(nccl.InternalError, "deregMr of unknown handle %d", mh)
+	}
+	delete(c.t.regs, mh)
+	return nil
+}
+
+// registered reports whether [p, p+n) lies in live registration mh.
+func (c *memConn) registered(p unsafe.Pointer, n int, mh nccl.MemHandle) error {
+	if !c.t.checkRegs {
+		return nil
+	}
+	c.t.mu.Lock()
+	defer c.t.mu.Unlock()
+	r, ok := c.t.regs[mh]
+	if !ok || uintptr(p) < r[0] || uintptr(p)+uintptr(n) > r[1] {
+		return nccl.Errorf(nccl.InvalidArgument, "buffer %p+%d is not inside registration %d", p, n, mh)
 	}
 	return nil
 }

@@ -37,6 +37,13 @@ type Options struct {
 	// Skip names subtests not to run (for example "Truncation" for a transport
 	// under development); each skip is reported with the test output.
 	Skip []string
+	// Register registers every buffer with RegMr before handing it to
+	// Isend or Irecv, and deregisters it once its request completed (or
+	// before its comm closes), as NCCL's proxy does for a transport whose
+	// properties lack nothing but host pointers: RDMA transports need it.
+	// Without it buffers carry MemHandle 0, which a transport over sockets
+	// or shared memory accepts.
+	Register bool
 }
 
 func (o *Options) fill() {
@@ -112,6 +119,8 @@ func (s *suite) run(t *testing.T, name string, body func(h *H)) {
 	t.Run(name, func(t *testing.T) {
 		h := &H{suite: s, deadline: time.Now().Add(s.opts.Timeout)}
 		h.op.Store(new(string))
+		// Registered first, so it runs last: after every comm closed.
+		h.defer_(h.freeAll)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -156,9 +165,12 @@ type H struct {
 	skips     []string
 	abandoned bool
 	cleanups  []func()
-	// flows keeps every buffer handed to the transport reachable until the
-	// comms are closed, even when the body ends early.
+	// flows keeps every flow's state for the hang report; live holds every
+	// buffer handed to the transport, mapped until the comms are closed even
+	// when the body ends early.
 	flows []*flow
+	live  map[*buffer]struct{}
+	pool  map[poolKey][]*buffer
 	seed  uint64
 
 	op atomic.Pointer[string]

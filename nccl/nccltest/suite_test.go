@@ -16,6 +16,16 @@ func TestMemTransportConformance(t *testing.T) {
 	Run(t, func() nccl.Transport { return &memTransport{} }, Options{MaxSize: 16 << 20})
 }
 
+// With Options.Register every buffer handed over lies in a live
+// registration of its comm, and every registration is released by the end.
+func TestRegisteredBuffers(t *testing.T) {
+	tr := &memTransport{checkRegs: true}
+	Run(t, func() nccl.Transport { return tr }, Options{MaxSize: 4 << 20, Register: true})
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	assert.Empty(t, tr.regs, "registrations the suite never released")
+}
+
 // faults maps a broken variant of memTransport to the subtest that must catch
 // it and a phrase its failure must contain.
 var faults = map[string]struct {

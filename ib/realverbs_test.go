@@ -1,14 +1,19 @@
 package ib
 
 import (
+	"math/rand/v2"
 	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/ibv"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -33,19 +38,32 @@ func overlayEnv(t *testing.T, kv ...string) {
 	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
 }
 
-func realHosts(t *testing.T) (*host, *host) {
+// requireRealDevice skips, saying why, where libibverbs or an RDMA device is
+// truly absent; in the Soft-RoCE lane (RDMA_LANE=1) their absence fails.
+func requireRealDevice(t *testing.T) {
 	t.Helper()
+	skip := t.Skipf
+	if os.Getenv("RDMA_LANE") == "1" {
+		skip = t.Fatalf
+	}
 	lib := nccl.EnvString("NCCL_IBVERBS_LIB", ibv.DefaultLibrary)
 	p, err := ibv.Load(lib)
 	if err != nil {
-		t.Skipf("no RDMA stack: %s cannot be loaded (%v)", lib, err)
+		skip("no RDMA stack: %s cannot be loaded (%v)", lib, err)
+		return
 	}
 	names, err := p.Devices()
 	require.NoError(t, err)
 	if len(names) == 0 {
-		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
+		skip("no RDMA device: ibv_get_device_list returned 0 devices")
+		return
 	}
 	t.Logf("RDMA devices: %v (NCCL_IB_HCA=%q)", names, nccl.EnvString("NCCL_IB_HCA", ""))
+}
+
+func realHosts(t *testing.T) (*host, *host) {
+	t.Helper()
+	requireRealDevice(t)
 	mk := func() *host {
 		h := &host{t: New().(*Transport), log: &captureLog{}}
 		require.NoError(t, h.t.Init(nccl.InitContext{Log: h.log}), "devices exist, so Init must find a usable port")
@@ -84,7 +102,7 @@ func TestRealVerbsFlushAndTruncation(t *testing.T) {
 	overlayEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
 	a, b := realHosts(t)
 	sc, rc := connectPair(t, a, 0, b, 0)
-	require.True(t, rc.flushEnabled)
+	require.True(t, rc.flush.enabled)
 	got, sizes := transfer(t, sc, rc, []int{300}, []int{4096})
 	rb := newBuf(t, rc, 4096, 0)
 	copy(rb.b, got[0])
@@ -92,7 +110,7 @@ func TestRealVerbsFlushAndTruncation(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEqual(t, nccl.NoRequest, r)
 	within(t, "flush READ over the loopback QP", func() (bool, error) { return rc.Test(r, nil) })
-	assert.Equal(t, rb.b[0], rc.flushMem.b[0])
+	assert.Equal(t, rb.b[0], rc.flush.mem.b[0])
 
 	// A send larger than the posted receive fails on both sides, nothing written.
 	small := newBuf(t, rc, 256, 0xee)
@@ -128,4 +146,57 @@ func TestRealVerbsFlushAndTruncation(t *testing.T) {
 	require.True(t, ok)
 	assert.NotZero(t, st.Misses)
 	assert.NotZero(t, st.RegisteredBytes)
+}
+
+// rdmaResources counts the kernel's verbs objects per type (qp, cq, mr, pd)
+// on every RDMA device, with iproute2's rdma tool.
+func rdmaResources(t *testing.T) map[string]int {
+	t.Helper()
+	out, err := exec.Command("rdma", "resource", "show").CombinedOutput()
+	if err != nil {
+		if os.Getenv("RDMA_LANE") == "1" {
+			t.Fatalf("rdma resource show: %v: %s", err, out)
+		}
+		t.Skipf("cannot count verbs objects without iproute2's rdma tool: %v", err)
+	}
+	// "0: rxe0: pd 3 cq 4 qp 3 cm_id 0 mr 2 ctx 1 srq 0"
+	counts := map[string]int{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		for i := 2; i+1 < len(f); i += 2 {
+			if n, err := strconv.Atoi(f[i+1]); err == nil {
+				counts[f[i]] += n
+			}
+		}
+	}
+	return counts
+}
+
+// TestRealVerbsAbortAtAnyMoment is TestAbortAtAnyMoment on libibverbs: 100
+// rounds of finalize/close during set-up and with requests in flight, then
+// the kernel's QP, CQ, MR and PD counts, the goroutines and the fds must be
+// back where they started (a use-after-free would crash the process).
+func TestRealVerbsAbortAtAnyMoment(t *testing.T) {
+	requireRealDevice(t)
+	overlayEnv(t, "NCCL_SOCKET_RETRY_CNT", "1", "NCCL_SOCKET_RETRY_SLEEP_MSEC", "1")
+	before := rdmaResources(t)
+	baseG, baseFD := runtime.NumGoroutine(), fdCount(t)
+	mk := func() *Transport {
+		tr := New().(*Transport)
+		require.NoError(t, tr.Init(nccl.InitContext{Log: &captureLog{}}))
+		return tr
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for r := 0; r < 100; r++ {
+		abortRound(t, mk(), mk(), r%6, rng)
+		if t.Failed() {
+			t.Fatalf("round %d (variant %d) failed", r, r%6)
+		}
+	}
+	settle(t, baseG, baseFD)
+	after := rdmaResources(t)
+	for _, k := range []string{"pd", "cq", "qp", "mr", "ctx"} {
+		assert.Equal(t, before[k], after[k], "%s objects in the kernel before and after 100 aborted rounds", k)
+	}
+	t.Logf("verbs objects before %v, after %v", before, after)
 }

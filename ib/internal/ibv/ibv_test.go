@@ -4,9 +4,12 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 )
 
 // libibverbsPresent reports whether the system library can be opened at all;
@@ -68,7 +71,10 @@ func TestLoadResolvesSymbolsAndProbesOptionalOnes(t *testing.T) {
 
 // TestRealDeviceBasics runs on a host (or the Soft-RoCE guest) with an RDMA
 // device: open it, query it, and register memory.
-func TestRealDeviceBasics(t *testing.T) {
+// realDevice loads libibverbs and names its first device, skipping (with
+// the reason) only where there is none.
+func realDevice(t *testing.T) (*Provider, string) {
+	t.Helper()
 	libibverbsPresent(t)
 	p, err := Load(DefaultLibrary)
 	require.NoError(t, err)
@@ -77,6 +83,12 @@ func TestRealDeviceBasics(t *testing.T) {
 	if len(names) == 0 {
 		t.Skip("no RDMA device: ibv_get_device_list returned 0 devices")
 	}
+	return p, names[0]
+}
+
+func TestRealDeviceBasics(t *testing.T) {
+	p, name := realDevice(t)
+	names := []string{name}
 	ctx, err := p.Open(names[0])
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, ctx.Close()) }()
@@ -93,4 +105,55 @@ func TestRealDeviceBasics(t *testing.T) {
 	cq, err := ctx.CreateCQ(16)
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, cq.Destroy()) }()
+}
+
+// threads counts this process's OS threads.
+func threads(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/task")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// TestRealAsyncEventsWaitInTheNetpoller: waiting for async events holds no
+// OS thread (the fd is in Go's netpoller, not in a poll() loop), and both
+// stop and Close end the wait promptly.
+func TestRealAsyncEventsWaitInTheNetpoller(t *testing.T) {
+	p, name := realDevice(t)
+	names := []string{name}
+	base := threads(t)
+	var ctxs []verbs.Context
+	done := make(chan error, 8)
+	stop := make(chan struct{})
+	for i := 0; i < 8; i++ {
+		ctx, err := p.Open(names[0])
+		require.NoError(t, err)
+		ctxs = append(ctxs, ctx)
+		go func() { _, err := ctx.NextAsyncEvent(stop); done <- err }()
+	}
+	time.Sleep(200 * time.Millisecond) // let all eight block (if they held threads, they would now)
+	assert.LessOrEqual(t, threads(t), base+3, "eight waiters must not hold eight threads")
+	close(stop)
+	for i := 0; i < 8; i++ {
+		select {
+		case err := <-done:
+			assert.ErrorIs(t, err, verbs.ErrClosed)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a waiter did not notice stop")
+		}
+	}
+	for _, c := range ctxs {
+		assert.NoError(t, c.Close())
+	}
+	// Close alone ends a wait too.
+	ctx, err := p.Open(names[0])
+	require.NoError(t, err)
+	go func() { _, err := ctx.NextAsyncEvent(nil); done <- err }()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, ctx.Close())
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, verbs.ErrClosed)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a waiter did not notice Close")
+	}
 }

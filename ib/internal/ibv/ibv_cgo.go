@@ -11,6 +11,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"syscall"
 	"unsafe"
@@ -23,14 +24,17 @@ import (
 // DefaultLibrary is what Load opens unless told otherwise.
 const DefaultLibrary = "libibverbs.so.1"
 
-func init() {
-	// The C mirrors must match the Go value types exactly: slices of them
-	// cross into C without copying.
-	if unsafe.Sizeof(verbs.SendWR{}) != C.sizeof_gosendwr || unsafe.Sizeof(verbs.RecvWR{}) != C.sizeof_gorecvwr ||
-		unsafe.Sizeof(verbs.WC{}) != C.sizeof_gowc {
-		panic("ibv: verbs.SendWR/RecvWR/WC layout differs from shim.h")
-	}
-}
+// The C mirrors must match the Go value types exactly: slices of them cross
+// into C without copying. A mismatch fails the build (a negative array
+// length) instead of panicking inside NCCL's process at dlopen.
+var (
+	_ [unsafe.Sizeof(verbs.SendWR{}) - C.sizeof_gosendwr]byte
+	_ [C.sizeof_gosendwr - unsafe.Sizeof(verbs.SendWR{})]byte
+	_ [unsafe.Sizeof(verbs.RecvWR{}) - C.sizeof_gorecvwr]byte
+	_ [C.sizeof_gorecvwr - unsafe.Sizeof(verbs.RecvWR{})]byte
+	_ [unsafe.Sizeof(verbs.WC{}) - C.sizeof_gowc]byte
+	_ [C.sizeof_gowc - unsafe.Sizeof(verbs.WC{})]byte
+)
 
 var loadMu sync.Mutex
 var loaded string
@@ -125,6 +129,14 @@ type context struct {
 	fd   int
 	mu   sync.Mutex
 	done bool
+
+	// The async fd (non-blocking) waited on through Go's netpoller: no
+	// thread sits in poll() for it and nothing wakes up while no event
+	// comes. evf owns a dup of the fd; closing it ends the wait.
+	evOnce sync.Once
+	evf    *os.File
+	evraw  syscall.RawConn
+	evErr  error
 }
 
 func (c *context) Name() string { return c.name }
@@ -174,43 +186,85 @@ func (c *context) CreateCQ(entries int) (verbs.CQ, error) {
 	return &compQueue{cq: cq}, nil
 }
 
-// NextAsyncEvent polls the (non-blocking) async fd in short slices so that
-// Close and stop are noticed without a signal.
+// NextAsyncEvent waits for the device's next asynchronous event in Go's
+// netpoller. stop (or Close) ends the wait with ErrClosed; a stop channel
+// is watched by one parked goroutine per context, which holds no thread.
 func (c *context) NextAsyncEvent(stop <-chan struct{}) (verbs.AsyncEvent, error) {
-	for {
-		select {
-		case <-stop:
-			return verbs.AsyncEvent{}, verbs.ErrClosed
-		default:
-		}
-		c.mu.Lock()
-		if c.done {
-			c.mu.Unlock()
-			return verbs.AsyncEvent{}, verbs.ErrClosed
-		}
-		var ev C.goevent
-		r := C.nb_get_async_event(c.ctx, &ev)
-		c.mu.Unlock()
-		if r < 0 {
-			return verbs.AsyncEvent{}, errnoErr("ibv_get_async_event", r)
-		}
-		if r == 1 {
-			return verbs.AsyncEvent{Type: verbs.AsyncEventType(ev._type), QPNum: uint32(ev.qp_num), CQID: uint64(ev.cq), Port: int(ev.port)}, nil
-		}
-		fds := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}
-		if _, err := unix.Poll(fds, 100); err != nil && err != unix.EINTR {
-			return verbs.AsyncEvent{}, fmt.Errorf("poll async fd: %w", err)
-		}
+	c.evOnce.Do(func() { c.evErr = c.openEvents(stop) })
+	if c.evErr != nil {
+		return verbs.AsyncEvent{}, c.evErr
 	}
+	var ev C.goevent
+	var r C.int
+	err := c.evraw.Read(func(uintptr) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.done {
+			r = -C.int(syscall.EBADF)
+			return true
+		}
+		r = C.nb_get_async_event(c.ctx, &ev)
+		return r != 0 // 0: nothing pending, wait until the fd is readable
+	})
+	switch {
+	case err != nil:
+		return verbs.AsyncEvent{}, verbs.ErrClosed
+	case r < 0 && c.isDone():
+		return verbs.AsyncEvent{}, verbs.ErrClosed
+	case r < 0:
+		return verbs.AsyncEvent{}, errnoErr("ibv_get_async_event", r)
+	}
+	return verbs.AsyncEvent{Type: verbs.AsyncEventType(ev._type), QPNum: uint32(ev.qp_num), CQID: uint64(ev.cq), Port: int(ev.port)}, nil
+}
+
+func (c *context) isDone() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
+}
+
+func (c *context) openEvents(stop <-chan struct{}) error {
+	dup, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("dup of the async event fd: %w", err)
+	}
+	f := os.NewFile(uintptr(dup), c.name+"-async")
+	raw, err := f.SyscallConn()
+	if err != nil {
+		_ = f.Close()
+		return fmt.Errorf("async event fd: %w", err)
+	}
+	c.mu.Lock()
+	if c.done {
+		c.mu.Unlock()
+		_ = f.Close()
+		return verbs.ErrClosed
+	}
+	c.evf, c.evraw = f, raw
+	c.mu.Unlock()
+	if stop != nil {
+		go func() {
+			<-stop
+			_ = f.Close() // waits for a Read callback in progress
+		}()
+	}
+	return nil
 }
 
 func (c *context) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.done {
+		c.mu.Unlock()
 		return errors.New("ibv: context closed twice")
 	}
-	c.done = true
+	c.done = true // a Read callback from now on leaves the context alone
+	f := c.evf
+	c.mu.Unlock()
+	if f != nil {
+		// Waits for a callback in progress; the dup must not outlive the
+		// device, whose async fd shares its file description.
+		_ = f.Close()
+	}
 	return errnoErr("ibv_close_device", C.nb_close(c.ctx))
 }
 

@@ -22,6 +22,10 @@ type Fabric struct {
 	nextKey uint32
 	nextID  uint64
 	faults  []*faultState
+
+	violations []string
+	recording  bool
+	records    []WRRecord
 }
 
 // NewFabric returns an empty fabric.
@@ -50,7 +54,7 @@ type DeviceConfig struct {
 	GUID      uint64          // [derived from the device index]
 	GIDs      []GIDEntry      // RoCE GID table [one IPv4 RoCE v2 GID per device]
 	NetDev    string          // netdev named in sysfs for RoCE [<name>_eth]
-	PCIPath   string          // [/sys/devices/pci0000:00/0000:00:0<i>.0]
+	PCIPath   string          // [/sys/devices/pci0000:<i>/0000:<i>:00.0]
 }
 
 // Device is one software HCA.
@@ -105,7 +109,9 @@ func (f *Fabric) AddDevice(cfg DeviceConfig) *Device {
 		cfg.NetDev = cfg.Name + "_eth"
 	}
 	if cfg.PCIPath == "" {
-		cfg.PCIPath = fmt.Sprintf("/sys/devices/pci0000:00/0000:00:%02x.0", idx+1)
+		// One PCI bus per device, as separate NICs sit on real hosts (NCCL
+		// merges functions and, by default, devices of one bus).
+		cfg.PCIPath = fmt.Sprintf("/sys/devices/pci0000:%02x/0000:%02x:00.0", idx+1, idx+1)
 	}
 	d := &Device{fabric: f, cfg: cfg, index: idx, mrs: map[uint32]*mr{}, qps: map[uint32]*qp{}, ctxs: map[*context]struct{}{}}
 	for p := 0; p < cfg.Ports; p++ {
@@ -315,7 +321,7 @@ func (p *Provider) Open(name string) (verbs.Context, error) {
 	if d == nil {
 		return nil, fmt.Errorf("softnic: no device %q: %w", name, verbs.ENOENT)
 	}
-	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, dmabuf: p.feat.DMABuf}
+	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, pds: map[*pd]struct{}{}, dmabuf: p.feat.DMABuf}
 	d.ctxs[c] = struct{}{}
 	return c, nil
 }
@@ -371,4 +377,19 @@ func (f *Fabric) Device(name string) *Device {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.byName[name]
+}
+
+// SetGID changes (or, past the end, appends to) a RoCE port's GID table, as
+// an address change on the netdev does, and reports IBV_EVENT_GID_CHANGE on
+// the port like the kernel; call WriteSysfs again for the types.
+func (d *Device) SetGID(port, index int, e GIDEntry) {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	p := &d.ports[port-1]
+	for len(p.gids) <= index {
+		p.gids = append(p.gids, GIDEntry{Type: "RoCE v2"})
+	}
+	p.gids[index] = e
+	p.attr.GIDTblLen = len(p.gids)
+	d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventGIDChange, Port: port})
 }

@@ -148,7 +148,7 @@ func TestRNRWaitsForReceiveInOrder(t *testing.T) {
 	_, a, b := pair(t)
 	copy(a.buf, "ab")
 	_, err := a.qp.PostSend([]verbs.SendWR{
-		{WRID: 1, Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, Imm: 1},
+		{WRID: 1, Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, Imm: 1, RemoteAddr: b.addr(0), RKey: b.mr.RKey()},
 		{WRID: 2, Opcode: verbs.WrRDMAWrite, Flags: verbs.SendSignaled, NumSGE: 1, SGE: verbs.SGE{Addr: a.addr(0), Length: 2, LKey: a.mr.LKey()}, RemoteAddr: b.addr(0), RKey: b.mr.RKey()},
 	})
 	require.NoError(t, err)
@@ -236,4 +236,132 @@ func TestDMABufAndAsyncEvents(t *testing.T) {
 	require.NoError(t, c.Close())
 	_, err = c.NextAsyncEvent(nil)
 	assert.ErrorIs(t, err, verbs.ErrClosed)
+}
+
+// Every call on a destroyed object (or one whose context closed) is refused
+// with ErrUseAfterFree and recorded, as libibverbs would fault there.
+func TestDestroyedObjectsAreRefused(t *testing.T) {
+	f, a, b := pair(t)
+	require.Empty(t, f.Violations())
+
+	require.NoError(t, a.qp.Destroy())
+	_, err := a.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WrRDMAWrite}})
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+	_, err = a.qp.PostRecv([]verbs.RecvWR{{}})
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+	assert.ErrorIs(t, a.qp.Destroy(), ErrUseAfterFree)
+	assert.ErrorIs(t, a.qp.SetECE(verbs.ECE{}), ErrUseAfterFree)
+
+	require.NoError(t, a.mr.Dereg())
+	assert.ErrorIs(t, a.mr.Dereg(), ErrUseAfterFree)
+	_ = a.mr.LKey()
+
+	require.NoError(t, a.cq.Destroy())
+	_, err = a.cq.Poll(make([]verbs.WC, 4))
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+
+	require.NoError(t, a.pd.Dealloc())
+	_, err = a.pd.CreateQP(verbs.QPInitAttr{SendCQ: b.cq, RecvCQ: b.cq, MaxSendWR: 1})
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+	_, err = a.pd.RegMR(unsafe.Pointer(&a.buf[0]), a.addr(0), 64, rw)
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+
+	require.NoError(t, a.ctx.Close())
+	_, err = a.ctx.CreateCQ(4)
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+	_, err = a.ctx.AllocPD()
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+	_, err = a.ctx.QueryPort(1)
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+	assert.ErrorIs(t, a.ctx.Close(), ErrUseAfterFree)
+	assert.Len(t, f.Violations(), 13, "%q", f.Violations())
+
+	// Closing a context whose objects are alive leaks them: a violation too,
+	// and so is a PD deallocated under its QPs (EBUSY).
+	assert.ErrorIs(t, b.pd.Dealloc(), verbs.Errno(16))
+	require.NoError(t, b.ctx.Close())
+	v := f.Violations()
+	assert.Contains(t, v[len(v)-2], "ibv_dealloc_pd on sim1 with 1 MR(s) and 1 QP(s) still alive")
+	assert.Contains(t, v[len(v)-1], "ibv_close_device on sim1 with 1 PD(s) and 1 CQ(s) still allocated")
+	// Any use of b's objects now is a use-after-free.
+	_, err = b.cq.Poll(make([]verbs.WC, 1))
+	assert.ErrorIs(t, err, ErrUseAfterFree)
+}
+
+// The checks a ConnectX makes that rxe does not: rkey 0 and remote address
+// 0 are refused even for zero-length writes, and an SGE of 0 bytes is an
+// error (a byte count of 0 means 2 GiB on mlx5).
+func TestStrictRemoteKeyAndLengthRules(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		wr   func(a, b *end) verbs.SendWR
+		want verbs.WCStatus
+	}{
+		{"zero-length write, rkey 0", func(a, b *end) verbs.SendWR {
+			return verbs.SendWR{Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, RemoteAddr: b.addr(0)}
+		}, verbs.WCRemAccessErr},
+		{"zero-length write, address 0", func(a, b *end) verbs.SendWR {
+			return verbs.SendWR{Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, RKey: b.mr.RKey()}
+		}, verbs.WCRemAccessErr},
+		{"0-byte SGE", func(a, b *end) verbs.SendWR {
+			return verbs.SendWR{Opcode: verbs.WrRDMAWrite, Flags: verbs.SendSignaled, NumSGE: 1, SGE: verbs.SGE{Addr: a.addr(0), LKey: a.mr.LKey()},
+				RemoteAddr: b.addr(0), RKey: b.mr.RKey()}
+		}, verbs.WCLocLenErr},
+		{"zero-length write with keys", func(a, b *end) verbs.SendWR {
+			return verbs.SendWR{Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}
+		}, verbs.WCSuccess},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, a, b := pair(t)
+			_, err := b.qp.PostRecv([]verbs.RecvWR{{WRID: 1}})
+			require.NoError(t, err)
+			_, err = a.qp.PostSend([]verbs.SendWR{c.wr(a, b)})
+			require.NoError(t, err)
+			assert.Equal(t, c.want, poll(t, a.cq, 1)[0].Status)
+		})
+	}
+	_, a, _ := pair(t)
+	_, err := a.qp.PostRecv([]verbs.RecvWR{{NumSGE: 1, SGE: verbs.SGE{Addr: a.addr(0), LKey: a.mr.LKey()}}})
+	assert.ErrorIs(t, err, verbs.EINVAL, "a receive SGE of 0 bytes is refused at post time")
+}
+
+// Inline data is copied when the WR is posted (the lkey is not looked at),
+// and may not exceed the QP's max_inline_data.
+func TestInlineSendsCopyAtPostTime(t *testing.T) {
+	f := NewFabric()
+	f.AddDevice(DeviceConfig{Name: "sim0"})
+	f.AddDevice(DeviceConfig{Name: "sim1"})
+	p := f.Provider(verbs.Features{})
+	a, b := open(t, p, "sim0", 8), open(t, p, "sim1", 8)
+	// Recreate a's QP with inline support.
+	require.NoError(t, a.qp.Destroy())
+	var err error
+	a.qp, err = a.pd.CreateQP(verbs.QPInitAttr{SendCQ: a.cq, RecvCQ: a.cq, MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 64})
+	require.NoError(t, err)
+	connect(t, a, b)
+	f.Record(true)
+	// Block the QP behind an RNR-waiting WRITE_WITH_IMM so the inline WR is
+	// queued, then overwrite its source: the queued WR must carry the old bytes.
+	copy(a.buf, "inline!!")
+	_, err = a.qp.PostSend([]verbs.SendWR{
+		{WRID: 1, Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, RemoteAddr: b.addr(0), RKey: b.mr.RKey()},
+		{WRID: 2, Opcode: verbs.WrRDMAWrite, Flags: verbs.SendSignaled | verbs.SendInline, NumSGE: 1,
+			SGE: verbs.SGE{Addr: a.addr(0), Length: 8}, RemoteAddr: b.addr(64), RKey: b.mr.RKey()},
+	})
+	require.NoError(t, err)
+	copy(a.buf, "changed!")
+	_, err = b.qp.PostRecv([]verbs.RecvWR{{WRID: 9}})
+	require.NoError(t, err)
+	wc := poll(t, a.cq, 2)
+	assert.Equal(t, verbs.WCSuccess, wc[1].Status)
+	assert.Equal(t, "inline!!", string(b.buf[64:72]))
+	_, err = a.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WrRDMAWrite, Flags: verbs.SendInline, NumSGE: 1,
+		SGE: verbs.SGE{Addr: a.addr(0), Length: 65}, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}})
+	assert.ErrorIs(t, err, verbs.EINVAL, "more than max_inline_data")
+	rec := f.Records()
+	require.Len(t, rec, 3)
+	assert.Equal(t, verbs.WrRDMAWriteWithImm, rec[0].Opcode)
+	assert.True(t, rec[1].Inline() && rec[1].Signaled())
+	assert.Equal(t, uint32(8), rec[1].Length)
+	assert.True(t, rec[2].Recv)
 }

@@ -25,8 +25,31 @@ type mr struct {
 	gone     bool
 }
 
-func (m *mr) LKey() uint32 { return m.key }
-func (m *mr) RKey() uint32 { return m.key }
+// LKey and RKey are only read once, right after registration, by the
+// transport; reading them from a deregistered MR is a use-after-free.
+func (m *mr) LKey() uint32 { return m.keyOf("mr->lkey") }
+func (m *mr) RKey() uint32 { return m.keyOf("mr->rkey") }
+
+func (m *mr) keyOf(what string) uint32 {
+	f := m.pd.ctx.dev.fabric
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m.gone {
+		_ = f.violationLocked("%s of a deregistered MR on %s", what, m.pd.ctx.dev.cfg.Name)
+	}
+	return m.key
+}
+
+// containingLocked finds a live MR of pd covering [addr, addr+n): inline
+// sends carry no lkey, but the model still needs a view of the memory.
+func (d *Device) containingLocked(p *pd, addr uint64, n uint32) *mr {
+	for _, m := range d.mrs {
+		if m.pd == p && m.contains(addr, n) {
+			return m
+		}
+	}
+	return nil
+}
 
 func (m *mr) contains(addr uint64, n uint32) bool {
 	end := addr + uint64(n)
@@ -49,6 +72,13 @@ func (p *pd) RegMR(ptr unsafe.Pointer, addr uint64, length int, access verbs.Acc
 // RegDMABufMR maps the dma-buf (any mmap-able fd, e.g. a memfd, in tests) and
 // registers the mapping at iova.
 func (p *pd) RegDMABufMR(offset uint64, length int, iova uint64, fd int, access verbs.Access) (verbs.MR, error) {
+	f := p.ctx.dev.fabric
+	f.mu.Lock()
+	err := p.aliveLocked("ibv_reg_dmabuf_mr")
+	f.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	if !p.ctx.dmabuf {
 		return nil, fmt.Errorf("softnic: reg_dmabuf_mr: %w", verbs.EOPNOTSUPP)
 	}
@@ -83,8 +113,8 @@ func (p *pd) register(m *mr) (verbs.MR, error) {
 	f := p.ctx.dev.fabric
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if p.gone {
-		return nil, fmt.Errorf("softnic: reg_mr on a deallocated PD: %w", verbs.EINVAL)
+	if err := p.aliveLocked("ibv_reg_mr"); err != nil {
+		return nil, err
 	}
 	f.nextKey += 0x101 // keys look random-ish and are never 0
 	m.pd, m.key = p, f.nextKey
@@ -96,8 +126,11 @@ func (m *mr) Dereg() error {
 	f := m.pd.ctx.dev.fabric
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := m.pd.ctx.aliveLocked("ibv_dereg_mr"); err != nil {
+		return err
+	}
 	if m.gone {
-		return fmt.Errorf("softnic: MR deregistered twice: %w", verbs.EINVAL)
+		return f.violationLocked("ibv_dereg_mr of an MR already deregistered on %s", m.pd.ctx.dev.cfg.Name)
 	}
 	m.gone = true
 	delete(m.pd.ctx.dev.mrs, m.key)

@@ -40,10 +40,23 @@ func (c *cq) pushLocked(e cqe) {
 	c.n++
 }
 
+func (c *cq) aliveLocked(call string) error {
+	if err := c.ctx.aliveLocked(call); err != nil {
+		return err
+	}
+	if c.gone {
+		return c.ctx.dev.fabric.violationLocked("%s on a destroyed CQ of %s", call, c.ctx.dev.cfg.Name)
+	}
+	return nil
+}
+
 func (c *cq) Poll(wcs []verbs.WC) (int, error) {
 	f := c.ctx.dev.fabric
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := c.aliveLocked("ibv_poll_cq"); err != nil {
+		return 0, err
+	}
 	if c.overrun {
 		return 0, fmt.Errorf("%w (%d entries): %w", errOverrun, len(c.ring), verbs.Errno(5))
 	}
@@ -66,9 +79,12 @@ func (c *cq) Destroy() error {
 	f := c.ctx.dev.fabric
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err := c.aliveLocked("ibv_destroy_cq"); err != nil {
+		return err
+	}
 	for _, q := range c.ctx.dev.qps {
 		if q.sendCQ == c || q.recvCQ == c {
-			return fmt.Errorf("softnic: CQ still used by QP %#x: %w", q.num, verbs.EINVAL)
+			return fmt.Errorf("softnic: CQ still used by QP %#x: %w", q.num, verbs.Errno(16)) // EBUSY
 		}
 	}
 	c.gone = true
@@ -86,6 +102,18 @@ const (
 	qpsErr
 	qpsDestroyed
 )
+
+// maxInline is the largest max_inline_data a QP may ask for (rxe allows a
+// few hundred bytes, ConnectX about 1 KiB).
+const maxInline = 1024
+
+// blockedWR is a send WR waiting for the responder (RNR). Inline data is
+// copied at post time, as the NIC does: the caller may reuse the source
+// buffer as soon as ibv_post_send returns.
+type blockedWR struct {
+	wr     verbs.SendWR
+	inline []byte // capacity maxInline of the QP; wr.SGE.Length bytes valid
+}
 
 // qp is an RC queue pair.
 type qp struct {
@@ -107,7 +135,7 @@ type qp struct {
 	rqHead, rqN int
 	sqOut       int // posted send WRs whose slot has not been released yet
 	sinceSignal int // executed WRs not covered by a completion yet
-	blocked     []verbs.SendWR
+	blocked     []blockedWR
 	blHead, blN int // ring of WRs waiting for the responder (RNR)
 	waiters     []*qp
 	spare       []*qp
@@ -121,9 +149,23 @@ func (q *qp) Num() uint32 { return q.num }
 func (q *qp) lock()   { q.dev.fabric.mu.Lock() }
 func (q *qp) unlock() { q.dev.fabric.mu.Unlock() }
 
+// aliveLocked refuses calls on a destroyed QP or one whose context closed.
+func (q *qp) aliveLocked(call string) error {
+	if err := q.pd.ctx.aliveLocked(call); err != nil {
+		return err
+	}
+	if q.state == qpsDestroyed {
+		return q.dev.fabric.violationLocked("%s on destroyed QP %#x of %s", call, q.num, q.dev.cfg.Name)
+	}
+	return nil
+}
+
 func (q *qp) ModifyToInit(a verbs.InitAttr) error {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_modify_qp(INIT)"); err != nil {
+		return err
+	}
 	if q.state != qpsReset || a.Port < 1 || a.Port > len(q.dev.ports) {
 		return fmt.Errorf("softnic: QP %#x RESET->INIT (state %d, port %d): %w", q.num, q.state, a.Port, verbs.EINVAL)
 	}
@@ -134,10 +176,14 @@ func (q *qp) ModifyToInit(a verbs.InitAttr) error {
 func (q *qp) ModifyToRTR(a verbs.RTRAttr) error {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_modify_qp(RTR)"); err != nil {
+		return err
+	}
+	if q.state != qpsInit {
+		return fmt.Errorf("softnic: QP %#x INIT->RTR from state %d: %w", q.num, q.state, verbs.EINVAL)
+	}
 	p := q.dev.ports[q.port-1]
 	switch {
-	case q.state != qpsInit:
-		return fmt.Errorf("softnic: QP %#x INIT->RTR from state %d: %w", q.num, q.state, verbs.EINVAL)
 	case a.PathMTU < 1 || a.PathMTU > p.attr.ActiveMTU:
 		return fmt.Errorf("softnic: QP %#x path MTU %d above the port's %d: %w", q.num, a.PathMTU, p.attr.ActiveMTU, verbs.EINVAL)
 	case a.AH.IsGlobal && (a.AH.SGIDIndex < 0 || a.AH.SGIDIndex >= len(p.gids) || p.gids[a.AH.SGIDIndex].GID.IsZero()):
@@ -152,6 +198,9 @@ func (q *qp) ModifyToRTR(a verbs.RTRAttr) error {
 func (q *qp) ModifyToRTS(a verbs.RTSAttr) error {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_modify_qp(RTS)"); err != nil {
+		return err
+	}
 	if q.state != qpsRTR {
 		return fmt.Errorf("softnic: QP %#x RTR->RTS from state %d: %w", q.num, q.state, verbs.EINVAL)
 	}
@@ -162,12 +211,18 @@ func (q *qp) ModifyToRTS(a verbs.RTSAttr) error {
 func (q *qp) QueryECE() (verbs.ECE, error) {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_query_ece"); err != nil {
+		return verbs.ECE{}, err
+	}
 	return q.ece, nil
 }
 
 func (q *qp) SetECE(e verbs.ECE) error {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_set_ece"); err != nil {
+		return err
+	}
 	q.ece = e
 	return nil
 }
@@ -175,29 +230,47 @@ func (q *qp) SetECE(e verbs.ECE) error {
 func (q *qp) Destroy() error {
 	q.lock()
 	defer q.unlock()
-	if q.state == qpsDestroyed {
-		return fmt.Errorf("softnic: QP %#x destroyed twice: %w", q.num, verbs.EINVAL)
+	if err := q.aliveLocked("ibv_destroy_qp"); err != nil {
+		return err
 	}
 	q.state = qpsDestroyed
 	delete(q.dev.qps, q.num)
+	if q.waitingOn != nil {
+		r := q.waitingOn
+		for i, w := range r.waiters {
+			if w == q {
+				r.waiters = append(r.waiters[:i], r.waiters[i+1:]...)
+				break
+			}
+		}
+		q.waitingOn = nil
+	}
 	return nil
 }
 
 func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_post_recv"); err != nil {
+		return 0, err
+	}
 	for i := range wrs {
-		if q.state == qpsReset || q.state == qpsDestroyed || wrs[i].NumSGE > 1 {
-			return i, fmt.Errorf("softnic: post_recv on QP %#x: %w", q.num, verbs.EINVAL)
+		wr := &wrs[i]
+		// A 0-length SGE is not "nothing" on ConnectX: a byte count of 0
+		// means 2 GiB. Receive WRs that only catch immediates have no SGE.
+		if q.state == qpsReset || wr.NumSGE > 1 || wr.NumSGE == 1 && wr.SGE.Length == 0 {
+			return i, fmt.Errorf("softnic: post_recv on QP %#x (state %d, %d SGEs of %d bytes): %w", q.num, q.state, wr.NumSGE, wr.SGE.Length, verbs.EINVAL)
 		}
 		if q.state == qpsErr {
-			q.recvCQ.pushLocked(cqe{wc: verbs.WC{WRID: wrs[i].WRID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPNum: q.num}})
+			q.recordRecvLocked(wr)
+			q.recvCQ.pushLocked(cqe{wc: verbs.WC{WRID: wr.WRID, Status: verbs.WCWRFlushErr, Opcode: verbs.WCRecv, QPNum: q.num}})
 			continue
 		}
 		if q.rqN == len(q.rq) {
 			return i, fmt.Errorf("softnic: receive queue of QP %#x full: %w", q.num, verbs.ENOMEM)
 		}
-		q.rq[(q.rqHead+q.rqN)%len(q.rq)] = wrs[i]
+		q.recordRecvLocked(wr)
+		q.rq[(q.rqHead+q.rqN)%len(q.rq)] = *wr
 		q.rqN++
 	}
 	// Requesters that hit RNR on this QP retry now, in order.
@@ -218,32 +291,53 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 	q.lock()
 	defer q.unlock()
+	if err := q.aliveLocked("ibv_post_send"); err != nil {
+		return 0, err
+	}
 	for i := range wrs {
 		wr := &wrs[i]
+		inline := wr.Flags&verbs.SendInline != 0
 		switch {
 		case q.state != qpsRTS && q.state != qpsErr:
 			return i, fmt.Errorf("softnic: post_send on QP %#x that is not RTS: %w", q.num, verbs.EINVAL)
-		case wr.NumSGE > 1 || wr.Flags&verbs.SendInline != 0 && int(wr.SGE.Length) > q.maxInline:
-			return i, fmt.Errorf("softnic: post_send on QP %#x: bad SGE/inline: %w", q.num, verbs.EINVAL)
+		case wr.NumSGE > 1 || inline && (wr.NumSGE == 0 || int(wr.SGE.Length) > q.maxInline):
+			return i, fmt.Errorf("softnic: post_send on QP %#x: %d SGEs, inline %v of %d bytes (max_inline_data %d): %w",
+				q.num, wr.NumSGE, inline, wr.SGE.Length, q.maxInline, verbs.EINVAL)
 		case q.sqOut >= q.maxSend:
 			return i, fmt.Errorf("softnic: send queue of QP %#x full (%d WRs not retired; signal more often): %w", q.num, q.sqOut, verbs.ENOMEM)
 		}
+		q.recordSendLocked(wr)
 		q.sqOut++
+		var data []byte
+		if inline {
+			// The data is copied now: the WR no longer refers to memory
+			// (its lkey is not even looked at).
+			m := q.dev.containingLocked(q.pd, wr.SGE.Addr, wr.SGE.Length)
+			if m == nil {
+				q.completeLocked(wr, verbs.WCLocProtErr, 0)
+				continue
+			}
+			data = m.bytes(wr.SGE.Addr, wr.SGE.Length)
+		}
 		switch {
 		case q.state == qpsErr:
 			q.flushSendLocked(*wr)
 		case q.blN > 0:
-			q.pushBlocked(*wr)
-		case !q.execLocked(wr):
-			q.pushBlocked(*wr)
+			q.pushBlocked(wr, data)
+		case !q.execLocked(wr, data):
+			q.pushBlocked(wr, data)
 			q.waitOnResponder()
 		}
 	}
 	return len(wrs), nil
 }
 
-func (q *qp) pushBlocked(wr verbs.SendWR) {
-	q.blocked[(q.blHead+q.blN)%len(q.blocked)] = wr
+func (q *qp) pushBlocked(wr *verbs.SendWR, inline []byte) {
+	b := &q.blocked[(q.blHead+q.blN)%len(q.blocked)]
+	b.wr = *wr
+	if inline != nil {
+		copy(b.inline, inline)
+	}
 	q.blN++
 }
 
@@ -259,11 +353,16 @@ func (q *qp) waitOnResponder() {
 
 func (q *qp) runBlockedLocked() {
 	for q.blN > 0 && q.state == qpsRTS {
-		if !q.execLocked(&q.blocked[q.blHead]) {
+		b := &q.blocked[q.blHead]
+		var inline []byte
+		if b.wr.Flags&verbs.SendInline != 0 {
+			inline = b.inline[:b.wr.SGE.Length]
+		}
+		if !q.execLocked(&b.wr, inline) {
 			q.waitOnResponder()
 			return
 		}
-		q.blocked[q.blHead] = verbs.SendWR{}
+		b.wr = verbs.SendWR{}
 		q.blHead = (q.blHead + 1) % len(q.blocked)
 		q.blN--
 	}
@@ -311,7 +410,7 @@ func (q *qp) toErrorLocked() {
 	}
 	q.state = qpsErr
 	for ; q.blN > 0; q.blN-- {
-		q.flushSendLocked(q.blocked[q.blHead])
+		q.flushSendLocked(q.blocked[q.blHead].wr)
 		q.blHead = (q.blHead + 1) % len(q.blocked)
 	}
 	for ; q.rqN > 0; q.rqN-- {
@@ -320,9 +419,17 @@ func (q *qp) toErrorLocked() {
 	}
 }
 
-// execLocked runs one WR. It returns false when the responder has no receive
-// posted and the requester keeps retrying (rnr_retry 7 = forever).
-func (q *qp) execLocked(wr *verbs.SendWR) bool {
+// execLocked runs one WR (inline holds its data when it was posted inline).
+// It returns false when the responder has no receive posted and the
+// requester keeps retrying (rnr_retry 7 = forever).
+//
+// The checks are the ones a ConnectX makes: a local SGE needs a live lkey of
+// this PD covering it (local write access for READ targets) and must not be
+// 0 bytes long (a byte count of 0 means 2 GiB there); an RDMA operation
+// needs a non-zero rkey and remote address even when it moves no data, and,
+// when it moves data, a live MR of the responder's PD covering the range
+// with the access the operation needs, on a QP that grants it too.
+func (q *qp) execLocked(wr *verbs.SendWR, inline []byte) bool {
 	if st, ok := q.dev.fabric.matchFaultLocked(q.dev.cfg.Name, q.num, wr.Opcode); ok {
 		q.completeLocked(wr, st, 0)
 		return true
@@ -331,8 +438,15 @@ func (q *qp) execLocked(wr *verbs.SendWR) bool {
 	n := uint32(0)
 	if wr.NumSGE == 1 {
 		n = wr.SGE.Length
+		if n == 0 {
+			q.completeLocked(wr, verbs.WCLocLenErr, 0)
+			return true
+		}
 	}
-	if n > 0 {
+	switch {
+	case inline != nil:
+		local = inline
+	case n > 0:
 		m := q.dev.mrs[wr.SGE.LKey]
 		if m == nil || m.pd != q.pd || !m.contains(wr.SGE.Addr, n) ||
 			wr.Opcode == verbs.WrRDMARead && m.access&verbs.AccessLocalWrite == 0 {
@@ -348,11 +462,14 @@ func (q *qp) execLocked(wr *verbs.SendWR) bool {
 		return true
 	}
 	remote := func(need verbs.Access) []byte {
-		if n == 0 {
+		if wr.RKey == 0 || wr.RemoteAddr == 0 || r.access&need == 0 {
 			return nil
 		}
+		if n == 0 {
+			return []byte{}
+		}
 		m := r.dev.mrs[wr.RKey]
-		if m == nil || m.pd != r.pd || !m.contains(wr.RemoteAddr, n) || m.access&need == 0 || r.access&need == 0 {
+		if m == nil || m.pd != r.pd || !m.contains(wr.RemoteAddr, n) || m.access&need == 0 {
 			return nil
 		}
 		return m.bytes(wr.RemoteAddr, n)
@@ -366,7 +483,7 @@ func (q *qp) execLocked(wr *verbs.SendWR) bool {
 	switch wr.Opcode {
 	case verbs.WrRDMAWrite, verbs.WrRDMAWriteWithImm:
 		dst := remote(verbs.AccessRemoteWrite)
-		if n > 0 && dst == nil {
+		if dst == nil {
 			return accessErr()
 		}
 		if wr.Opcode == verbs.WrRDMAWriteWithImm && r.rqN == 0 {
@@ -378,8 +495,12 @@ func (q *qp) execLocked(wr *verbs.SendWR) bool {
 			r.recvCQ.pushLocked(cqe{wc: verbs.WC{WRID: rw.WRID, Opcode: verbs.WCRecvRDMAWithImm, ByteLen: n, Imm: wr.Imm, WithImm: 1, QPNum: r.num}})
 		}
 	case verbs.WrRDMARead:
+		if inline != nil {
+			q.completeLocked(wr, verbs.WCLocQPOpErr, 0) // READ cannot be inline
+			return true
+		}
 		src := remote(verbs.AccessRemoteRead)
-		if n > 0 && src == nil {
+		if src == nil {
 			return accessErr()
 		}
 		copy(local, src)

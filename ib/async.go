@@ -1,0 +1,67 @@
+package ib
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// watchAsync reads the device's asynchronous events until Finalize. Fatal
+// events fail the affected comms' next call with SystemError.
+func (t *Transport) watchAsync(h *hca) {
+	defer close(h.stopped)
+	for {
+		ev, err := h.ctx.NextAsyncEvent(h.stop)
+		if err != nil {
+			if !errors.Is(err, verbs.ErrClosed) {
+				t.log.Warnf("NET/GoIB : %s: ibv_get_async_event: %v; no longer watching this device", h.name, err)
+			}
+			return
+		}
+		t.handleAsync(h, ev)
+	}
+}
+
+func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
+	if !ev.Type.Fatal() {
+		if ev.Type == verbs.EventGIDChange {
+			for _, d := range h.ports {
+				if d.port == ev.Port {
+					d.gidChanged() // the next connection scans the table again
+				}
+			}
+		}
+		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: async event %v (port %d)", h.name, ev.Type, ev.Port)
+		return
+	}
+	var owner *commCore
+	switch ev.Type {
+	case verbs.EventQPFatal, verbs.EventQPReqErr, verbs.EventQPAccessErr:
+		if v, ok := h.owners.Load(ev.QPNum); ok {
+			owner = v.(*commCore)
+		}
+		msg := fmt.Sprintf("%s: fatal async event %v on QP %#x", h.name, ev.Type, ev.QPNum)
+		t.log.Warnf("NET/GoIB : %s", msg)
+		if owner != nil {
+			owner.setFatal(msg)
+		}
+	case verbs.EventCQErr:
+		if v, ok := h.owners.Load(ev.CQID); ok {
+			owner = v.(*commCore)
+		}
+		msg := fmt.Sprintf("%s: fatal async event %v (completion queue overrun)", h.name, ev.Type)
+		t.log.Warnf("NET/GoIB : %s", msg)
+		if owner != nil {
+			owner.setFatal(msg)
+		}
+	default:
+		msg := fmt.Sprintf("%s: fatal async event %v; the device is unusable until it is reset", h.name, ev.Type)
+		t.log.Warnf("NET/GoIB : %s", msg)
+		for _, d := range h.ports {
+			d.fatalWhy.Store(&msg)
+			d.fatal.Add(1)
+		}
+	}
+}

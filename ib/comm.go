@@ -1,0 +1,314 @@
+package ib
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Protocol sizes (NCCL's): 256 request slots per comm (32 requests x 8
+// receives), up to 8 buffers per grouped receive, 64-byte CTS entries.
+const (
+	maxRequests  = 256
+	maxRecvs     = 8
+	ctsEntrySize = 64
+	fifoBytes    = maxRequests * maxRecvs * ctsEntrySize
+	recordBytes  = maxRequests * maxRecvs * 4
+
+	// Work-request ids carry a kind in the top byte.
+	wrData  = 1 << 56
+	wrCTS   = 2 << 56
+	wrRecv  = 3 << 56
+	wrFlush = 4 << 56
+	wrKind  = 0xff << 56
+
+	flushIDBase = maxRequests // flush request ids follow receive ids
+)
+
+// commQP is one RC QP of a connection.
+type commQP struct {
+	qp     verbs.QP
+	dev    int // local member index
+	remDev int // remote member index
+}
+
+// commDev is what a connection uses of one member device: the GID it
+// resolved when the connection was made (so a RoCE address that changed
+// during a long job is picked up by the next connection).
+type commDev struct {
+	*device
+	gidIndex int
+	gid      verbs.GID
+}
+
+// commCore is what send and receive comms share: devices, CQs (one per
+// member device), QPs striped over the members, and failure state.
+type commCore struct {
+	t          *Transport
+	cfg        *config
+	log        nccl.Logger
+	name       string
+	devs       []commDev
+	ptrSupport nccl.PtrType
+	cqs        []verbs.CQ
+	qps        []commQP
+	nDataQPs   int
+	peer       string
+
+	fatal     atomic.Pointer[string] // set by the async watcher
+	devFatal  [maxVDevs]uint64
+	failed    error // sticky data-path failure (progress thread only)
+	wcs       [64]verbs.WC
+	watch     peerWatch // the kept handshake connection (progress thread only)
+	destroyed bool
+	released  bool
+}
+
+func (c *commCore) setFatal(msg string) { c.fatal.Store(&msg) }
+
+// check fails fast once the comm or one of its devices has failed. It runs at
+// the top of every data-path call: a few atomic loads, no locks.
+func (c *commCore) check() error {
+	if c.failed != nil {
+		return c.failed
+	}
+	if !c.cfg.returnAsync {
+		return nil
+	}
+	if m := c.fatal.Load(); m != nil {
+		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, *m)
+		return c.failed
+	}
+	for i := range c.devs {
+		d := c.devs[i].device
+		if d.fatal.Load() != c.devFatal[i] {
+			why := "fatal async event"
+			if p := d.fatalWhy.Load(); p != nil {
+				why = *p
+			}
+			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, why)
+			return c.failed
+		}
+	}
+	return nil
+}
+
+// newCore creates CQs and nqps QPs (QP i on member i % ndevs) in INIT, and
+// resolves each member's GID for this connection.
+func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int) (*commCore, error) {
+	c := &commCore{t: t, cfg: &t.cfg, log: t.log, ptrSupport: t.ptrSupport(devs)}
+	t.commBuilt()
+	c.name = devs[0].name
+	for _, d := range devs[1:] {
+		c.name += "+" + d.name
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			c.destroy()
+			c.release()
+		}
+	}()
+	for i, d := range devs {
+		c.devFatal[i] = d.fatal.Load()
+		cd := commDev{device: d}
+		var err error
+		if cd.gidIndex, cd.gid, err = d.resolveGID(t); err != nil {
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : %s: %v", d, err)
+		}
+		c.devs = append(c.devs, cd)
+	}
+	qpsPerDev := (nqps + len(devs) - 1) / len(devs)
+	for _, d := range devs {
+		n := min(2*maxRequests*qpsPerDev+extraCQ, max(d.hca.attr.MaxCQE, 256))
+		cq, err := d.hca.ctx.CreateCQ(n)
+		if err != nil {
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_cq(%d) on %s: %w", n, d, err)
+		}
+		c.cqs = append(c.cqs, cq)
+		d.hca.owners.Store(cq.ID(), c)
+	}
+	for i := 0; i < nqps; i++ {
+		di := i % len(devs)
+		d := devs[di]
+		qp, err := d.hca.pd.CreateQP(verbs.QPInitAttr{SendCQ: c.cqs[di], RecvCQ: c.cqs[di], MaxSendWR: 2 * maxRequests,
+			MaxRecvWR: maxRequests, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: maxInline})
+		if err != nil {
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_qp on %s: %w (max_qp %d reached? NCCL_IB_QPS_PER_CONNECTION lowers the count)", d, err, d.hca.attr.MaxQP)
+		}
+		c.qps = append(c.qps, commQP{qp: qp, dev: di})
+		d.hca.owners.Store(qp.Num(), c)
+		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: t.cfg.pkey, Port: d.port, Access: access}); err != nil {
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(INIT) on %s: %w; check NCCL_IB_PKEY=%d", d, err, t.cfg.pkey)
+		}
+	}
+	ok = true
+	return c, nil
+}
+
+// destroy releases QPs and CQs (never waits for the peer). It runs once; the
+// comm's own memory registrations go next, then release.
+func (c *commCore) destroy() {
+	if c.destroyed {
+		return
+	}
+	c.destroyed = true
+	c.watch.close()
+	for _, q := range c.qps {
+		c.devs[q.dev].hca.owners.Delete(q.qp.Num())
+		if err := q.qp.Destroy(); err != nil {
+			c.log.Warnf("NET/GoIB : ibv_destroy_qp: %v", err)
+		}
+	}
+	c.qps = nil
+	for i, cq := range c.cqs {
+		c.devs[i].hca.owners.Delete(cq.ID())
+		if err := cq.Destroy(); err != nil {
+			c.log.Warnf("NET/GoIB : ibv_destroy_cq: %v", err)
+		}
+	}
+	c.cqs = nil
+}
+
+// release tells the transport this comm no longer needs its devices: the
+// last verbs call on them is done. It runs once.
+func (c *commCore) release() {
+	if c.released {
+		return
+	}
+	c.released = true
+	c.t.commGone()
+}
+
+// localMeta describes our side; keys are the per-device rkeys of the
+// control block the peer writes into.
+func (c *commCore) localMeta(addr uint64, keys *hostMem, tc, sl int) *connMeta {
+	m := &connMeta{NDevs: uint32(len(c.devs)), NQPs: uint32(len(c.qps)), NDataQPs: uint32(c.nDataQPs), Addr: addr, TC: uint32(tc), SL: uint32(sl)}
+	for i, d := range c.devs {
+		m.Devs[i] = devMeta{LID: d.attr.LID, LinkLayer: uint8(d.attr.LinkLayer), MTU: uint8(d.attr.ActiveMTU), Port: uint8(d.port), GID: d.gid}
+		if keys != nil {
+			m.Devs[i].RKey = keys.rkeys[i]
+		}
+	}
+	ece := c.t.feats.ECE && c.cfg.ece
+	for i, q := range c.qps {
+		m.QPs[i] = qpMeta{QPN: q.qp.Num(), Dev: uint8(q.dev)}
+		if ece {
+			if e, err := q.qp.QueryECE(); err == nil {
+				m.QPs[i].ECE = [3]uint32{e.VendorID, e.Options, e.CompMask}
+			}
+		}
+	}
+	return m
+}
+
+// connectQPs moves every QP to RTR and RTS against the peer's QP of the same
+// index: path MTU is the smaller of both ports', RoCE uses a global route
+// from this connection's GID, IB routes by LID.
+func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
+	ece := c.t.feats.ECE && c.cfg.ece
+	for i := range c.qps {
+		q := &c.qps[i]
+		d := &c.devs[q.dev]
+		rq := rm.QPs[i]
+		rd := rm.Devs[rq.Dev]
+		q.remDev = int(rq.Dev)
+		if verbs.LinkLayer(rd.LinkLayer) != d.attr.LinkLayer {
+			return nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %s is %v, remote device %d is %v; make NCCL_IB_HCA select the same link layer on every node",
+				d.device, d.attr.LinkLayer, rq.Dev, verbs.LinkLayer(rd.LinkLayer))
+		}
+		if ece && rq.ECE != [3]uint32{} {
+			_ = q.qp.SetECE(verbs.ECE{VendorID: rq.ECE[0], Options: rq.ECE[1], CompMask: rq.ECE[2]})
+		}
+		ah := verbs.AH{Port: d.port, SL: uint8(sl)}
+		if d.attr.LinkLayer == verbs.LinkEthernet {
+			ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit, ah.TrafficClass = true, rd.GID, d.gidIndex, 255, uint8(tc)
+		} else {
+			ah.DLID = rd.LID
+		}
+		rtr := verbs.RTRAttr{PathMTU: min(d.attr.ActiveMTU, verbs.MTU(rd.MTU)), DestQPN: rq.QPN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
+		if err := q.qp.ModifyToRTR(rtr); err != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)", d.device, rq.QPN, err)
+		}
+		if err := q.qp.ModifyToRTS(verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d.device, err, c.cfg.ackTimeout, c.cfg.retryCnt)
+		}
+	}
+	return nil
+}
+
+func validateMeta(m *connMeta, nqps int) error {
+	if m.NDevs < 1 || m.NDevs > maxVDevs || int(m.NQPs) != nqps || m.NQPs > maxQPs || m.NQPs < 1 {
+		return fmt.Errorf("peer sent %d devices and %d QPs (expected %d QPs): mismatched plugin versions?", m.NDevs, m.NQPs, nqps)
+	}
+	if m.NDataQPs < 1 || m.NDataQPs > m.NQPs {
+		return fmt.Errorf("peer uses %d data QPs of %d", m.NDataQPs, m.NQPs)
+	}
+	for i := 0; i < nqps; i++ {
+		if uint32(m.QPs[i].Dev) >= m.NDevs {
+			return fmt.Errorf("peer QP %d names device %d of %d", i, m.QPs[i].Dev, m.NDevs)
+		}
+	}
+	return nil
+}
+
+func linkLayerOf(devs []*device) verbs.LinkLayer {
+	ll := devs[0].attr.LinkLayer
+	for _, d := range devs[1:] {
+		if d.attr.LinkLayer != ll {
+			return verbs.LinkUnspecified
+		}
+	}
+	return ll
+}
+
+// wcFailed turns an error completion into RemoteError with a WARN naming the
+// status, opcode, peer, device and what to check.
+func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
+	var hint string
+	switch wc.Status {
+	case verbs.WCRetryExcErr:
+		hint = fmt.Sprintf("the peer stopped acknowledging: it died, the link is down, or NCCL_IB_TIMEOUT (now %d) is too short for this fabric", c.cfg.ackTimeout)
+	case verbs.WCRemAccessErr:
+		hint = "the peer rejected the RDMA access (bad rkey or out of bounds): its buffer was deregistered or closed, or the two ranks run different plugin builds"
+	case verbs.WCLocProtErr:
+		hint = "local protection error: PCI ACS is probably breaking GPU-direct; try NCCL_NET_GDR_LEVEL=0 or disable ACS"
+	case verbs.WCWRFlushErr:
+		hint = "the QP had already failed (see the first error); NICs on one host may be unable to reach each other"
+	case verbs.WCRNRRetryExcErr:
+		hint = "the receiver had no receive posted"
+	default:
+		hint = "check the fabric (ibv_devinfo, dmesg, port counters)"
+	}
+	kind := "data"
+	switch wc.WRID & wrKind {
+	case wrCTS:
+		kind = "clear-to-send"
+	case wrRecv:
+		kind = "receive"
+	case wrFlush:
+		kind = "flush"
+	}
+	c.log.Warnf("NET/GoIB : got completion from peer %s with status=%v(%d) opcode=%v (%s) len=%d vendor_err=%d on %s: %s",
+		c.peer, wc.Status, int(wc.Status), wc.Opcode, kind, wc.ByteLen, wc.VendorErr, c.devs[ci].device, hint)
+	c.failed = nccl.Errorf(nccl.RemoteError, "NET/GoIB : completion with status %v on %s from %s", wc.Status, c.devs[ci].device, c.peer)
+	return c.failed
+}
+
+// ptrSupport is what NCCL may register on a comm over devs.
+func (t *Transport) ptrSupport(devs []*device) nccl.PtrType {
+	pt := nccl.PtrHost
+	if ok, _ := t.fs.PeerMemory(); ok {
+		pt |= nccl.PtrCUDA
+	}
+	dmabuf := true
+	for _, d := range devs {
+		dmabuf = dmabuf && d.hca.dmabuf
+	}
+	if dmabuf {
+		pt |= nccl.PtrDMABuf
+	}
+	return pt
+}

@@ -1,0 +1,189 @@
+package ib
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// connector is one connect in progress; its id and token live in NCCL's
+// copy of the handle between calls.
+type connector struct {
+	token uint64
+	done  chan struct{}
+	comm  *sendComm
+	err   error
+}
+
+// Connect starts or continues a connection; see nccl.Transport. It never
+// blocks: the handshake runs on a goroutine whose result later calls
+// collect.
+func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptions) (nccl.SendComm, error) {
+	le := leU64{handle}
+	if id := le.get(hOffConnID); id != 0 {
+		t.pendMu.Lock()
+		c := t.pending[id]
+		if c == nil || c.token != le.get(hOffToken) {
+			t.pendMu.Unlock()
+			t.mu.RLock()
+			err := t.usableLocked()
+			t.mu.RUnlock()
+			if err != nil {
+				return nil, err
+			}
+			return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : connect called with a handle whose connection state is unknown (id %#x)", id)
+		}
+		select {
+		case <-c.done:
+			delete(t.pending, id)
+		default:
+			t.pendMu.Unlock()
+			return nil, nil
+		}
+		t.pendMu.Unlock()
+		le.put(hOffConnID, 0)
+		le.put(hOffToken, 0)
+		if c.err != nil {
+			return nil, c.err
+		}
+		return c.comm, nil
+	}
+	devs, err := t.members(dev)
+	if err != nil {
+		return nil, err
+	}
+	hi, err := readHandle(handle)
+	if err != nil {
+		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : connect: %v", err)
+	}
+	if hi.magic != t.cfg.magic {
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect: handle magic %#x differs from ours %#x: set the same NCCL_SOCKET_MAGIC on every rank", hi.magic, t.cfg.magic)
+	}
+	c := &connector{token: randomU64(), done: make(chan struct{})}
+	id := randomU64()
+	t.pendMu.Lock()
+	t.pending[id] = c
+	t.pendMu.Unlock()
+	if !t.spawn(nil, func() {
+		c.comm, c.err = t.dial(devs, hi, opts)
+		close(c.done)
+	}) {
+		t.pendMu.Lock()
+		delete(t.pending, id)
+		t.pendMu.Unlock()
+		return nil, errFinalized
+	}
+	le.put(hOffConnID, id)
+	le.put(hOffToken, c.token)
+	return nil, nil
+}
+
+// dial runs the connector side of the handshake (docs/ib.md, "OOB
+// handshake"), bounded by NCCL_GO_TIMEOUT and interrupted by Finalize.
+func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions) (*sendComm, error) {
+	deadline := time.Now().Add(t.cfg.setupLimit)
+	conn, err := t.dialRetry(hi.addr, deadline)
+	if err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : %v", err)
+	}
+	if !t.track(conn) {
+		_ = conn.Close()
+		return nil, errFinalized
+	}
+	kept := false
+	defer func() {
+		t.untrack(conn)
+		if !kept {
+			_ = conn.Close()
+		}
+	}()
+	_ = conn.SetDeadline(deadline)
+	peer := conn.RemoteAddr().String()
+	fail := func(what string, err error) error {
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %s: %s: %w", peer, what, err)
+	}
+	ll := linkLayerOf(devs)
+	h := hello{Magic: hi.magic, Type: socketTypeNetIB, Version: protoVersion, Secret: hi.secret, NDevs: uint32(len(devs)), LinkLayer: uint32(ll)}
+	if err := writeMsg(conn, &h); err != nil {
+		return nil, fail("hello", err)
+	}
+	var r helloReply
+	if err := readMsg(conn, &r); err != nil {
+		return nil, fail("hello reply", err)
+	}
+	if r.Status != 0 || verbs.LinkLayer(r.LinkLayer) != ll {
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %v, remote %v link layer (%s); make NCCL_IB_HCA select the same link layer on every node",
+			ll, verbs.LinkLayer(r.LinkLayer), peer)
+	}
+	if r.NDevs < 1 || r.NDevs > maxVDevs {
+		return nil, fail("hello reply", fmt.Errorf("peer has %d devices", r.NDevs))
+	}
+	tc, sl := t.cfg.trafficClass(opts)
+	sc, err := newSendComm(t, devs, int(r.NDevs), peer)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = sc.Close()
+		}
+	}()
+	if err := writeMsg(conn, sc.localMeta(sc.fifo.addr(), sc.fifo, tc, sl)); err != nil {
+		return nil, fail("sending QP info", err)
+	}
+	var rm connMeta
+	if err := readMsg(conn, &rm); err != nil {
+		return nil, fail("reading QP info", err)
+	}
+	if err := validateMeta(&rm, len(sc.qps)); err != nil {
+		return nil, fail("QP info", err)
+	}
+	if err := sc.finish(&rm, tc, sl); err != nil {
+		return nil, err
+	}
+	if err := writeMsg(conn, uint32(readyMagic)); err != nil {
+		return nil, fail("ready", err)
+	}
+	sc.watch.attach(conn, t.cfg.peerTime)
+	ok, kept = true, true
+	return sc, nil
+}
+
+// dialRetry connects to addr, retrying refused/unreachable connections like
+// NCCL does (NCCL_SOCKET_RETRY_CNT x NCCL_SOCKET_RETRY_SLEEP_MSEC, linear
+// back-off), until deadline or Finalize.
+func (t *Transport) dialRetry(addr netip.AddrPort, deadline time.Time) (net.Conn, error) {
+	ctx := t.life.ctx
+	for i := 0; ; i++ {
+		d := net.Dialer{Deadline: deadline}
+		c, err := d.DialContext(ctx, "tcp", addr.String())
+		if err == nil {
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetNoDelay(true)
+			}
+			return c, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to %v: the transport was finalized", addr)
+		}
+		sleep := t.cfg.dialSleep * time.Duration(i+1)
+		retryable := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH)
+		if !retryable || i >= t.cfg.dialRetry || time.Now().Add(sleep).After(deadline) {
+			return nil, fmt.Errorf("connect to %v: %w (after %d retries within NCCL_GO_TIMEOUT=%v; check NCCL_SOCKET_IFNAME and firewalls)", addr, err, i, t.cfg.setupLimit)
+		}
+		timer := time.NewTimer(sleep)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("connect to %v: the transport was finalized", addr)
+		}
+	}
+}

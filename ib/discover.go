@@ -1,0 +1,201 @@
+package ib
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/metrics"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// Device discovery: which ports are usable and what NCCL is told about
+// them (docs/ib.md, "Devices and properties").
+
+func (t *Transport) discoverLocked() error {
+	filter, filterSpec := t.cfg.hca, t.cfg.hcaSpec
+	gcfg := t.cfg.gid
+	names, err := t.provider.Devices()
+	if err != nil {
+		return fmt.Errorf("%w: listing RDMA devices: %v", nccl.ErrNoDevice, err)
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("%w: %s reports no RDMA devices", nccl.ErrNoDevice, t.provider.Name())
+	}
+	peerMem, peerFile := t.fs.PeerMemory()
+	if peerMem {
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : GPU peer memory available (%s): NCCL_PTR_CUDA supported", peerFile)
+	}
+	for _, name := range names {
+		h, err := t.openHCA(name, filter, gcfg)
+		if err != nil {
+			t.log.Warnf("NET/GoIB : skipping %s: %v", name, err)
+			continue
+		}
+		if h != nil {
+			t.hcas = append(t.hcas, h)
+		}
+	}
+	for _, h := range t.hcas {
+		t.devs = append(t.devs, h.ports...)
+	}
+	if len(t.devs) == 0 {
+		why := "no ACTIVE IB or RoCE port"
+		if filterSpec != "" {
+			why += " matches NCCL_IB_HCA=" + filterSpec
+		}
+		return fmt.Errorf("%w: %s", nccl.ErrNoDevice, why)
+	}
+	if t.cfg.pciOrder {
+		// NCCL orders by the full path, so the ports and VFs that merge into
+		// one topology node keep a stable order among themselves.
+		sort.SliceStable(t.devs, func(i, j int) bool { return t.devs[i].fullPCIPath < t.devs[j].fullPCIPath })
+	}
+	t.vdevs = t.vdevs[:0]
+	for i, d := range t.devs {
+		d.index = i
+		t.vdevs = append(t.vdevs, []int{i})
+	}
+	for _, h := range t.hcas {
+		h.stop, h.stopped = make(chan struct{}), make(chan struct{})
+		go t.watchAsync(h)
+	}
+	return nil
+}
+
+// openHCA opens one device and returns it with its usable ports, or nil
+// when none qualifies.
+func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca, error) {
+	ctx, err := t.provider.Open(name)
+	if err != nil {
+		return nil, fmt.Errorf("ibv_open_device: %v", err)
+	}
+	h := &hca{name: name, ctx: ctx}
+	ok := false
+	defer func() {
+		if !ok {
+			if h.pd != nil {
+				_ = h.pd.Dealloc()
+			}
+			_ = ctx.Close()
+		}
+	}()
+	h.attr, err = ctx.QueryDevice()
+	if err != nil {
+		return nil, fmt.Errorf("ibv_query_device: %v", err)
+	}
+	for port := 1; port <= h.attr.PhysPortCnt; port++ {
+		pa, err := ctx.QueryPort(port)
+		if err != nil {
+			t.log.Warnf("NET/GoIB : %s port %d: ibv_query_port: %v", name, port, err)
+			continue
+		}
+		if !filter.match(name, port) {
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d excluded by NCCL_IB_HCA", name, port)
+			continue
+		}
+		if pa.State != verbs.PortActive {
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d is %v, not ACTIVE; skipped", name, port, pa.State)
+			continue
+		}
+		if pa.LinkLayer != verbs.LinkInfiniBand && pa.LinkLayer != verbs.LinkEthernet {
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d has link layer %v; skipped", name, port, pa.LinkLayer)
+			continue
+		}
+		d := &device{hca: h, name: name, port: port, attr: pa, speed: portSpeed(pa), ar: pa.LinkLayer == verbs.LinkInfiniBand}
+		if t.cfg.adaptive != arAuto {
+			d.ar = t.cfg.adaptive == 1
+		}
+		d.stats.met = metrics.ForDevice(t.Name(), name, port)
+		d.gidIndex, d.gid, err = selectGID(ctx, t.fs, port, pa, gcfg)
+		if err != nil {
+			t.log.Warnf("NET/GoIB : %s:%d skipped: %v", name, port, err)
+			continue
+		}
+		if p, err := t.fs.PCIPath(name); err == nil {
+			d.fullPCIPath, d.pciPath = p, mergePCIPath(p, t.cfg.mergeVFs)
+		} else {
+			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s: no PCI path in sysfs (%v); NCCL treats it as a virtual NIC", name, err)
+		}
+		if pa.LinkLayer == verbs.LinkEthernet {
+			d.netdev, _ = t.fs.NetDev(name, port, d.gidIndex)
+		}
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d %v speed %d Mbps, MTU %d, GID index %d (%v)%s", name, port, pa.LinkLayer, d.speed, pa.ActiveMTU.Bytes(), d.gidIndex, d.gid, ifNonEmpty(" netdev ", d.netdev))
+		h.ports = append(h.ports, d)
+	}
+	if len(h.ports) == 0 {
+		return nil, nil
+	}
+	h.pd, err = ctx.AllocPD()
+	if err != nil {
+		return nil, fmt.Errorf("ibv_alloc_pd: %v", err)
+	}
+	h.dmabuf = t.probeDMABuf(h)
+	ok = true
+	return h, nil
+}
+
+func ifNonEmpty(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}
+
+// mergePCIPath is NCCL's topology key for a port: the PCI function digit
+// zeroed so the ports of one dual-port NIC share a node, and with
+// NCCL_IB_MERGE_VFS (default on) the two device digits before it as well,
+// so the virtual functions of one physical NIC merge too
+// ("0000:17:02.3" -> "0000:17:00.0").
+func mergePCIPath(p string, mergeVFs bool) string {
+	b := []byte(p)
+	n := len(b)
+	if n == 0 {
+		return p
+	}
+	b[n-1] = '0'
+	if mergeVFs && n >= 4 {
+		b[n-3], b[n-4] = '0', '0'
+	}
+	return string(b)
+}
+
+// probeDMABuf is NCCL's check: registering fd -1 fails with EBADF when the
+// kernel and provider support dma-buf, with EOPNOTSUPP/EPROTONOSUPPORT when not.
+func (t *Transport) probeDMABuf(h *hca) bool {
+	if !t.feats.DMABuf || !t.cfg.dmabuf {
+		return false
+	}
+	mr, err := h.pd.RegDMABufMR(0, 0, 0, -1, 0)
+	if err == nil {
+		_ = mr.Dereg()
+		return false
+	}
+	var en verbs.Errno
+	ok := errors.As(err, &en) && en == verbs.EBADF
+	if !ok {
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s: dma-buf registration unsupported (%v)", h.name, err)
+	}
+	return ok
+}
+
+// IB rate per lane in Mbps by the bit position of ibv_port_attr.active_speed,
+// and lanes by the bit position of active_width (NCCL's tables).
+var (
+	ibvSpeeds = [...]int{2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000}
+	ibvWidths = [...]int{1, 4, 8, 12, 2}
+)
+
+func firstBit(v uint8, n int) int {
+	for i := 0; i < n; i++ {
+		if v&(1<<i) != 0 {
+			return i
+		}
+	}
+	return n - 1
+}
+
+func portSpeed(pa verbs.PortAttr) int {
+	return ibvSpeeds[firstBit(pa.ActiveSpeed, len(ibvSpeeds))] * ibvWidths[firstBit(pa.ActiveWidth, len(ibvWidths))]
+}

@@ -1,0 +1,144 @@
+package ib
+
+import (
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// flusher is the GPU-direct flush of a receive comm: per member device an RC
+// QP connected to itself, through which a 1-byte RDMA READ of the last
+// received buffer makes the NIC finish placing the data written before it.
+type flusher struct {
+	enabled bool
+	qps     []verbs.QP
+	mem     *hostMem // the READ's 1-byte landing place
+	reqs    [maxRequests]flushReq
+	free    [maxRequests]int16
+	nfree   int
+}
+
+type flushReq struct {
+	inUse   bool
+	pending int
+}
+
+func (f *flusher) setup(c *commCore) error {
+	var err error
+	if f.mem, err = newHostMem(int(pageSize)); err != nil {
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush buffer: %w", err)
+	}
+	devs := make([]*device, len(c.devs))
+	for i := range c.devs {
+		devs[i] = c.devs[i].device
+	}
+	if err := f.mem.register(devs, verbs.AccessLocalWrite); err != nil {
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush buffer: %w", err)
+	}
+	for i := range c.devs {
+		d := &c.devs[i]
+		qp, err := d.hca.pd.CreateQP(verbs.QPInitAttr{SendCQ: c.cqs[i], RecvCQ: c.cqs[i], MaxSendWR: maxRequests, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
+		if err != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP on %s: %w", d.device, err)
+		}
+		f.qps = append(f.qps, qp)
+		d.hca.owners.Store(qp.Num(), c)
+		ah := verbs.AH{Port: d.port}
+		if d.attr.LinkLayer == verbs.LinkEthernet {
+			ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, d.gid, d.gidIndex, 255
+		} else {
+			ah.DLID = d.attr.LID
+		}
+		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: c.cfg.pkey, Port: d.port, Access: verbs.AccessLocalWrite | verbs.AccessRemoteRead}); err != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP INIT on %s: %w", d.device, err)
+		}
+		if err := qp.ModifyToRTR(verbs.RTRAttr{PathMTU: d.attr.ActiveMTU, DestQPN: qp.Num(), MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}); err != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTR on %s: %w", d.device, err)
+		}
+		if err := qp.ModifyToRTS(verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTS on %s: %w", d.device, err)
+		}
+	}
+	for i := range f.free {
+		f.free[i] = int16(maxRequests - 1 - i)
+	}
+	f.nfree = maxRequests
+	f.enabled = true
+	return nil
+}
+
+func (f *flusher) destroy(c *commCore) {
+	for i, qp := range f.qps {
+		c.devs[i].hca.owners.Delete(qp.Num())
+		if err := qp.Destroy(); err != nil {
+			c.log.Warnf("NET/GoIB : ibv_destroy_qp (flush): %v", err)
+		}
+	}
+	f.qps = nil
+	f.enabled = false
+}
+
+// Iflush issues a 1-byte RDMA READ of the last non-empty buffer on every
+// member device through the loopback QP. It returns NoRequest when flush is
+// disabled or nothing was received (NCCL counts that as done).
+func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
+	if err := c.check(); err != nil {
+		return nccl.NoRequest, err
+	}
+	f := &c.flush
+	if !f.enabled {
+		return nccl.NoRequest, nil
+	}
+	last := -1
+	for i := range bufs {
+		if bufs[i].Size > 0 {
+			last = i
+		}
+	}
+	if last < 0 {
+		return nccl.NoRequest, nil
+	}
+	h := lookupMR(bufs[last].MH)
+	if h == nil || h.n != len(c.devs) {
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : iflush buffer %d has invalid memory handle %#x", last, uintptr(bufs[last].MH))
+	}
+	if f.nfree == 0 {
+		// Not NoRequest: a NULL flush request tells NCCL there was nothing
+		// to flush. NCCL never has this many flushes outstanding.
+		return nccl.NoRequest, nccl.Errorf(nccl.InternalError, "NET/GoIB : more than %d flushes in flight", maxRequests)
+	}
+	f.nfree--
+	id := int(f.free[f.nfree])
+	f.reqs[id] = flushReq{inUse: true, pending: len(c.devs)}
+	for d, qp := range f.qps {
+		c.swr[0] = verbs.SendWR{WRID: wrFlush | uint64(id), Opcode: verbs.WrRDMARead, Flags: verbs.SendSignaled, NumSGE: 1,
+			SGE:        verbs.SGE{Addr: f.mem.addr(), Length: 1, LKey: f.mem.lkeys[d]},
+			RemoteAddr: uint64(uintptr(bufs[last].Data)), RKey: h.rkeys[d]}
+		if _, err := qp.PostSend(c.swr[:]); err != nil {
+			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (flush) on %s: %w", c.devs[d].device, err)
+			return nccl.NoRequest, c.failed
+		}
+	}
+	return nccl.Request(flushIDBase + id), nil
+}
+
+func (c *recvComm) testFlush(id int) (bool, error) {
+	f := &c.flush
+	if !f.reqs[id].inUse {
+		return false, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : test of unknown flush request %d", flushIDBase+id)
+	}
+	if err := c.check(); err != nil {
+		return false, err
+	}
+	if f.reqs[id].pending > 0 {
+		if err := c.progress(); err != nil {
+			return false, err
+		}
+		if f.reqs[id].pending > 0 {
+			return false, nil
+		}
+	}
+	f.reqs[id].inUse = false
+	f.free[f.nfree] = int16(id)
+	f.nfree++
+	return true, nil
+}

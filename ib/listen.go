@@ -1,0 +1,235 @@
+package ib
+
+import (
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// helloTimeout bounds how long a connection may stay silent before its
+// hello: anything slower is a stray connection, not an NCCL peer.
+const helloTimeout = 5 * time.Second
+
+// Listen opens the out-of-band TCP listener on the chosen interface and
+// writes the handle. It does not block: accepting and the handshake run on
+// goroutines that Accept polls.
+func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) {
+	devs, err := t.members(dev)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(t.oobAddr.String(), "0"))
+	if err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : listen on %s (%v): %w; set NCCL_SOCKET_IFNAME to a usable interface", t.oobName, t.oobAddr, err)
+	}
+	l := &listener{t: t, devs: devs, ln: ln, magic: t.cfg.magic, secret: randomU64(), done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	t.life.mu.Lock()
+	closing := t.life.closing
+	if !closing {
+		t.life.listeners[l] = struct{}{}
+	}
+	t.life.mu.Unlock()
+	if closing || !t.spawn(&l.wg, l.acceptLoop) {
+		_ = ln.Close()
+		return nil, errFinalized
+	}
+	ap := ln.Addr().(*net.TCPAddr).AddrPort()
+	writeHandle(handle, handleInfo{magic: l.magic, secret: l.secret, addr: ap})
+	return l, nil
+}
+
+// listener is one listen: its accept loop, the handshakes it serves (one
+// goroutine each, all counted in wg) and the one comm it hands to Accept.
+type listener struct {
+	t      *Transport
+	devs   []*device
+	ln     net.Listener
+	magic  uint64
+	secret uint64
+	wg     sync.WaitGroup
+
+	claimed atomic.Bool
+	mu      sync.Mutex
+	closed  bool
+	conns   map[net.Conn]struct{} // handshakes in progress
+	done    chan struct{}
+	comm    *recvComm
+	err     error
+	taken   bool
+}
+
+func (l *listener) acceptLoop() {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		if !l.trackConn(c) {
+			_ = c.Close()
+			return
+		}
+		if !l.t.spawn(&l.wg, func() { l.serve(c) }) {
+			l.untrackConn(c)
+			_ = c.Close()
+			return
+		}
+	}
+}
+
+// trackConn registers a handshake connection so Close can interrupt it.
+func (l *listener) trackConn(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.conns[c] = struct{}{}
+	return true
+}
+
+func (l *listener) untrackConn(c net.Conn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
+}
+
+// serve runs the listener side of one handshake. A connection with the
+// wrong magic, type or secret is dropped without disturbing the listen.
+func (l *listener) serve(conn net.Conn) {
+	kept := false
+	defer func() {
+		l.untrackConn(conn)
+		if !kept {
+			_ = conn.Close()
+		}
+	}()
+	_ = conn.SetDeadline(time.Now().Add(helloTimeout))
+	var h hello
+	if err := readMsg(conn, &h); err != nil {
+		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping connection from %v: no hello (%v)", conn.RemoteAddr(), err)
+		return
+	}
+	if err := h.check(l.magic, l.secret); err != nil {
+		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping connection from %v: %v (NCCL_SOCKET_MAGIC differs, or a stray connection)", conn.RemoteAddr(), err)
+		return
+	}
+	if !l.claimed.CompareAndSwap(false, true) {
+		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping second connection from %v on a listen that already has one", conn.RemoteAddr())
+		return
+	}
+	rc, err := l.handshake(conn, &h)
+	if rc != nil {
+		rc.watch.attach(conn, l.t.cfg.peerTime)
+		kept = true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		// Close is waiting for us; the comm was never NCCL's.
+		if rc != nil {
+			_ = rc.Close()
+		}
+		return
+	}
+	l.comm, l.err = rc, err
+	close(l.done)
+}
+
+func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
+	t := l.t
+	_ = conn.SetDeadline(time.Now().Add(t.cfg.setupLimit))
+	ll := linkLayerOf(l.devs)
+	reply := helloReply{NDevs: uint32(len(l.devs)), LinkLayer: uint32(ll)}
+	incompatible := verbs.LinkLayer(h.LinkLayer) != ll || ll == verbs.LinkUnspecified
+	if incompatible {
+		reply.Status = replyIncompatible
+	}
+	if err := writeMsg(conn, &reply); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %w", conn.RemoteAddr(), err)
+	}
+	if incompatible {
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %v, remote %v link layer; make NCCL_IB_HCA select the same link layer on every node",
+			ll, verbs.LinkLayer(h.LinkLayer))
+	}
+	var sm connMeta
+	if err := readMsg(conn, &sm); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: reading QP info: %w", conn.RemoteAddr(), err)
+	}
+	if err := validateMeta(&sm, int(sm.NQPs)); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %v", conn.RemoteAddr(), err)
+	}
+	rc, err := newRecvComm(t, l.devs, &sm, conn.RemoteAddr().String())
+	if err != nil {
+		return nil, err
+	}
+	if err := writeMsg(conn, rc.meta); err != nil {
+		_ = rc.Close()
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %w", conn.RemoteAddr(), err)
+	}
+	var ready uint32
+	if err := readMsg(conn, &ready); err != nil || ready != readyMagic {
+		_ = rc.Close()
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: peer did not confirm (ready %#x, %v)", conn.RemoteAddr(), ready, err)
+	}
+	return rc, nil
+}
+
+func (l *listener) Accept() (nccl.RecvComm, error) {
+	l.mu.Lock()
+	closed := l.closed
+	l.mu.Unlock()
+	if closed {
+		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : accept on a closed listen (or a finalized transport)")
+	}
+	select {
+	case <-l.done:
+	default:
+		return nil, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.taken {
+		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : accept called again on a listen that already returned its connection")
+	}
+	l.taken = true
+	if l.err != nil {
+		return nil, l.err
+	}
+	return l.comm, nil
+}
+
+// Close stops listening, interrupts any handshake in progress and waits for
+// its goroutines (they only wait on connections Close has just closed), and
+// releases a connection that was made but never accepted.
+func (l *listener) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	conns := make([]net.Conn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	_ = l.ln.Close()
+	for _, c := range conns {
+		_ = c.Close()
+	}
+	l.wg.Wait()
+	l.mu.Lock()
+	if l.comm != nil && !l.taken {
+		_ = l.comm.Close()
+		l.comm = nil
+	}
+	l.mu.Unlock()
+	l.t.life.mu.Lock()
+	delete(l.t.life.listeners, l)
+	l.t.life.mu.Unlock()
+	return nil
+}

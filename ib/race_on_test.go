@@ -1,5 +1,0 @@
-//go:build race
-
-package ib
-
-const raceEnabled = true

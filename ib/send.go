@@ -1,0 +1,392 @@
+package ib
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+const (
+	// immTruncated in a single receive's immediate says the send was larger
+	// than the posted buffer and nothing was written; the low bits carry the
+	// attempted size. Sizes are at most 1 GiB, so bit 31 is free.
+	immTruncated = 1 << 31
+
+	chunkAlign = 128 // LL/LL128 need 128-byte aligned QP splits
+)
+
+// chunkSize is each data QP's share of a message: ceil(size/nq) rounded up to
+// 128 bytes, so LL/LL128 lines never straddle two QPs.
+func chunkSize(size, nq int) int {
+	c := (size + nq - 1) / nq
+	return (c + chunkAlign - 1) / chunkAlign * chunkAlign
+}
+
+type sendReq struct {
+	inUse     bool
+	truncated bool
+	size      int
+	posted    uint64
+	data      uint64
+	mh        *mrHandle
+	pending   int
+}
+
+type sendComm struct {
+	*commCore
+	fifo        *hostMem
+	cts         *ctsFifo
+	sizesMem    *hostMem
+	sizes       *sizeRecord
+	remRec      uint64
+	remRecRKeys [maxVDevs]uint32
+	fifoHead    uint64
+	// ar: every local member does adaptive routing, so a large single
+	// receive's data goes as plain RDMA WRITEs (which the fabric may route
+	// adaptively) followed by a zero-length WRITE_WITH_IMM, as NCCL does.
+	ar          bool
+	arThreshold int
+
+	reqs        [maxRequests]sendReq
+	free        [maxRequests]int16
+	nfree       int
+	slotReq     [maxRequests][maxRecvs]int16
+	slotMatched [maxRequests]uint8
+	slotPosted  [maxRequests]bool // data posted, completions outstanding
+	wrs         [maxRecvs + 1]verbs.SendWR
+}
+
+func newSendComm(t *Transport, devs []*device, remDevs int, peer string) (*sendComm, error) {
+	nqps := min(max(len(devs), remDevs)*t.cfg.qpsPerConn, maxQPs)
+	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite, 0, 0)
+	if err != nil {
+		return nil, err
+	}
+	core.peer = peer
+	core.nDataQPs = max(len(devs), remDevs)
+	if t.cfg.splitData {
+		core.nDataQPs = nqps
+	}
+	s := &sendComm{commCore: core, ar: true, arThreshold: t.cfg.arThreshold}
+	for _, d := range devs {
+		s.ar = s.ar && d.ar
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = s.Close()
+		}
+	}()
+	if s.fifo, err = newHostMem(fifoBytes); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : CTS FIFO: %w", err)
+	}
+	if err := s.fifo.register(devs, verbs.AccessLocalWrite|verbs.AccessRemoteWrite); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : CTS FIFO: %w", err)
+	}
+	s.cts = s.fifo.ctsFifo()
+	if s.sizesMem, err = newHostMem(recordBytes); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : size records: %w", err)
+	}
+	if err := s.sizesMem.register(devs, verbs.AccessLocalWrite); err != nil {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : size records: %w", err)
+	}
+	s.sizes = s.sizesMem.sizeRecord()
+	for i := range s.free {
+		s.free[i] = int16(maxRequests - 1 - i)
+	}
+	s.nfree = maxRequests
+	for i := range s.slotReq {
+		for j := range s.slotReq[i] {
+			s.slotReq[i][j] = -1
+		}
+	}
+	ok = true
+	return s, nil
+}
+
+// finish connects the QPs once the receiver's QP numbers are known.
+func (s *sendComm) finish(rm *connMeta, tc, sl int) error {
+	if err := s.connectQPs(rm, tc, sl); err != nil {
+		return err
+	}
+	s.remRec = rm.Addr
+	for i := 0; i < int(rm.NDevs); i++ {
+		s.remRecRKeys[i] = rm.Devs[i].RKey
+	}
+	return nil
+}
+
+func (s *sendComm) PeerAddr() string { return s.peer }
+
+func (s *sendComm) DeregMr(mh nccl.MemHandle) error { return s.deregMr(mh) }
+
+// isend matches a send to the oldest clear-to-send slot. It returns
+// NoRequest until the receiver's CTS entries for that slot have arrived, or
+// while no request is free (the slot's previous round still in flight, or
+// every request waiting for its Test); once every buffer of the slot has a
+// send, the data is posted.
+func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (nccl.Request, error) {
+	if err := s.check(); err != nil {
+		return nccl.NoRequest, err
+	}
+	slot := int(s.fifoHead % maxRequests)
+	ents := &s.cts[slot]
+	idx := s.fifoHead + 1
+	if atomic.LoadUint64(&ents[0].Idx) != idx {
+		if s.watch.gone() {
+			return nccl.NoRequest, s.peerGoneError(fmt.Sprintf("send of %d bytes (waiting for the receiver's clear-to-send)", size))
+		}
+		return nccl.NoRequest, nil
+	}
+	if s.slotPosted[slot] {
+		// The FIFO wrapped onto a slot whose previous sends have not
+		// completed yet: exhaustion, not an error.
+		if err := s.progress(); err != nil {
+			return nccl.NoRequest, err
+		}
+		if s.slotPosted[slot] {
+			return nccl.NoRequest, nil
+		}
+	}
+	nreqs, ready, err := parseCTS(ents, idx)
+	if err != nil {
+		return nccl.NoRequest, s.protocolError(err.Error())
+	}
+	if !ready {
+		return nccl.NoRequest, nil
+	}
+	entry := -1
+	for r := 0; r < nreqs; r++ {
+		if s.slotReq[slot][r] < 0 && ents[r].Tag == uint32(tag) {
+			entry = r
+			break
+		}
+	}
+	if entry < 0 {
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : isend with tag %d matches no free buffer of the receive posted by %s (%d buffers); sends and receives must agree on tags", tag, s.peer, nreqs)
+	}
+	var h *mrHandle
+	if size > 0 {
+		if h = lookupMR(mh); h == nil || h.n != len(s.devs) {
+			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : isend of %d bytes with invalid memory handle %#x (not from regMr on this device)", size, uintptr(mh))
+		}
+		if !h.covers(data, size) {
+			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : isend buffer %#x+%d lies outside its registration", data, size)
+		}
+	}
+	if s.nfree == 0 {
+		return nccl.NoRequest, nil
+	}
+	s.nfree--
+	id := s.free[s.nfree]
+	req := &s.reqs[id]
+	*req = sendReq{inUse: true, size: size, data: data, mh: h, posted: ents[entry].Size}
+	if uint64(size) > req.posted {
+		req.truncated = true
+		s.log.Warnf("NET/GoIB : send of %d bytes to %s is larger than the posted receive buffer of %d bytes (tag %d); nothing was written past the buffer and both requests fail with ncclInvalidUsage: sender and receiver disagree on message sizes",
+			size, s.peer, req.posted, tag)
+	}
+	s.slotReq[slot][entry] = id
+	s.slotMatched[slot]++
+	if int(s.slotMatched[slot]) == nreqs {
+		if err := s.post(slot, nreqs); err != nil {
+			return nccl.NoRequest, err
+		}
+		s.slotPosted[slot] = true
+		s.fifoHead++
+	}
+	return nccl.Request(id), nil
+}
+
+// post writes every request of the slot. On each data QP: a chain of RDMA
+// WRITEs (each request's 128-byte-aligned share) ending with a signaled
+// WRITE_WITH_IMM, which carries the size (single receive) or writes the
+// sizes array into the receiver's completion record (grouped receive). A
+// single receive carries its last data piece in the WRITE_WITH_IMM itself,
+// unless adaptive routing is on and the message is above
+// NCCL_IB_AR_THRESHOLD: then all data goes as plain WRITEs and a zero-length
+// WRITE_WITH_IMM follows, so the immediate cannot overtake routed data.
+func (s *sendComm) post(slot, nreqs int) error {
+	ents := &s.cts[slot]
+	nq := s.nDataQPs
+	for r := 0; r < nreqs; r++ {
+		req := &s.reqs[s.slotReq[slot][r]]
+		req.pending = nq
+		if nreqs > 1 {
+			if req.truncated {
+				s.sizes[slot][r] = -int32(req.size) - 1
+			} else {
+				s.sizes[slot][r] = int32(req.size)
+			}
+		}
+	}
+	first := &s.reqs[s.slotReq[slot][0]]
+	separateImm := nreqs == 1 && s.ar && !first.truncated && first.size > s.arThreshold
+	for i := 0; i < nq; i++ {
+		qi := int((s.fifoHead*uint64(nq) + uint64(i)) % uint64(len(s.qps)))
+		q := &s.qps[qi]
+		n := 0
+		for r := 0; r < nreqs; r++ {
+			req := &s.reqs[s.slotReq[slot][r]]
+			if req.truncated || req.size == 0 {
+				continue
+			}
+			chunk := chunkSize(req.size, nq)
+			off := i * chunk
+			if off >= req.size {
+				continue
+			}
+			l := min(chunk, req.size-off)
+			s.wrs[n] = verbs.SendWR{WRID: wrData | uint64(slot), Opcode: verbs.WrRDMAWrite, NumSGE: 1,
+				SGE:        verbs.SGE{Addr: req.data + uint64(off), Length: uint32(l), LKey: req.mh.lkeys[q.dev]},
+				RemoteAddr: ents[r].Addr + uint64(off), RKey: ents[r].RKeys[q.remDev]}
+			n++
+		}
+		switch {
+		case nreqs == 1:
+			imm := uint32(first.size)
+			if first.truncated {
+				imm = immTruncated | uint32(min(first.size, immTruncated-1))
+			}
+			if n == 0 || separateImm {
+				// Nothing to write here (0 bytes, truncated, or this QP's
+				// share is empty), or AR: a zero-length WRITE_WITH_IMM that
+				// still names the receiver's buffer and key; NICs may check
+				// both.
+				s.wrs[n] = verbs.SendWR{WRID: wrData | uint64(slot), RemoteAddr: ents[0].Addr, RKey: ents[0].RKeys[q.remDev]}
+				n++
+			}
+			last := &s.wrs[n-1]
+			last.Opcode, last.Imm, last.Flags = verbs.WrRDMAWriteWithImm, imm, verbs.SendSignaled
+		default:
+			s.wrs[n] = verbs.SendWR{WRID: wrData | uint64(slot), Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, NumSGE: 1,
+				SGE:        verbs.SGE{Addr: s.sizesMem.addr() + uint64(slot*maxRecvs*4), Length: uint32(nreqs * 4), LKey: s.sizesMem.lkeys[q.dev]},
+				RemoteAddr: s.remRec + uint64(slot*maxRecvs*4), RKey: s.remRecRKeys[q.remDev], Imm: uint32(slot)}
+			n++
+		}
+		if _, err := q.qp.PostSend(s.wrs[:n]); err != nil {
+			s.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send on %s to %s: %w", s.devs[q.dev].device, s.peer, err)
+			return s.failed
+		}
+	}
+	return nil
+}
+
+// parseCTS reads the clear-to-send entries of the FIFO slot for message
+// idx-1, which the receiver RDMA-wrote: whatever they hold, it never lets
+// the sender index or write out of bounds. ready is false while some entry
+// of the group has not arrived; a group that cannot be right (no buffers or
+// more than maxRecvs, a buffer at address 0 or with rkey 0) is an error.
+func parseCTS(ents *[maxRecvs]ctsEntry, idx uint64) (nreqs int, ready bool, err error) {
+	if atomic.LoadUint64(&ents[0].Idx) != idx {
+		return 0, false, nil
+	}
+	nreqs = int(ents[0].NReqs)
+	if nreqs < 1 || nreqs > maxRecvs {
+		return 0, false, fmt.Errorf("CTS entry announces %d receive buffers", nreqs)
+	}
+	for r := 1; r < nreqs; r++ {
+		if atomic.LoadUint64(&ents[r].Idx) != idx {
+			return 0, false, nil
+		}
+	}
+	for r := 0; r < nreqs; r++ {
+		if ents[r].Addr == 0 || ents[r].RKeys[0] == 0 {
+			return 0, false, fmt.Errorf("CTS entry %d of %d advertises address %#x rkey %#x", r, nreqs, ents[r].Addr, ents[r].RKeys[0])
+		}
+	}
+	return nreqs, true, nil
+}
+
+func (s *sendComm) protocolError(what string) error {
+	s.failed = nccl.Errorf(nccl.InternalError, "NET/GoIB : protocol error with %s: %s", s.peer, what)
+	return s.failed
+}
+
+// Test reports a send complete once every data QP's signaled write of its
+// slot has completed.
+func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
+	if r < 0 || int(r) >= maxRequests || !s.reqs[r].inUse {
+		return false, 0, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : test of unknown send request %d", r)
+	}
+	if err := s.check(); err != nil {
+		return false, 0, err
+	}
+	req := &s.reqs[r]
+	if req.pending > 0 {
+		if err := s.progress(); err != nil {
+			return false, 0, err
+		}
+		if req.pending > 0 {
+			if s.watch.gone() {
+				return false, 0, s.peerGoneError(fmt.Sprintf("send of %d bytes", req.size))
+			}
+			return false, 0, nil
+		}
+	}
+	req.inUse = false
+	s.free[s.nfree] = int16(r)
+	s.nfree++
+	if req.truncated {
+		return true, 0, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : send of %d bytes to %s exceeded the posted receive of %d bytes", req.size, s.peer, req.posted)
+	}
+	return true, req.size, nil
+}
+
+// progress reaps the send completions of every member CQ.
+func (s *sendComm) progress() error {
+	for ci, cq := range s.cqs {
+		for {
+			n, err := cq.Poll(s.wcs[:])
+			if err != nil {
+				s.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", s.devs[ci].device, err)
+				return s.failed
+			}
+			for k := 0; k < n; k++ {
+				wc := &s.wcs[k]
+				if wc.Status != verbs.WCSuccess {
+					return s.wcFailed(wc, ci)
+				}
+				if wc.WRID&wrKind != wrData {
+					continue
+				}
+				slot := int(wc.WRID &^ wrKind)
+				done := true
+				for e := 0; e < maxRecvs && s.slotReq[slot][e] >= 0; e++ {
+					req := &s.reqs[s.slotReq[slot][e]]
+					req.pending--
+					done = done && req.pending == 0
+				}
+				if done {
+					for e := range s.slotReq[slot] {
+						s.slotReq[slot][e] = -1
+					}
+					s.slotMatched[slot] = 0
+					s.slotPosted[slot] = false
+				}
+			}
+			if n < len(s.wcs) {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func (s *sendComm) Close() error {
+	if s.commCore == nil || s.destroyed {
+		return nil
+	}
+	s.destroy()
+	if s.fifo != nil {
+		s.fifo.free()
+	}
+	if s.sizesMem != nil {
+		s.sizesMem.free()
+	}
+	s.release()
+	s.failed = nccl.Errorf(nccl.InternalError, "NET/GoIB : send comm used after close")
+	return nil
+}
