@@ -17,8 +17,8 @@ import (
 // NCCL_IB_HCA is read by readHCAFilter, with the grammar of internal/ncclenv.)
 type config struct {
 	// Discovery.
-	disable      bool   // NCCL_IB_DISABLE
-	ibverbsLib   string // NCCL_IBVERBS_LIB
+	disable      bool      // NCCL_IB_DISABLE
+	ibverbsLib   string    // NCCL_IBVERBS_LIB
 	hca          hcaFilter // NCCL_IB_HCA
 	hcaSpec      string    // its value, "" when unset
 	gid          gidConfig
