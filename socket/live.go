@@ -86,7 +86,11 @@ func (l *liveness) check(t int64) (liveState, error) {
 		return liveDead, err
 	}
 	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
-	if l.info.Unacked > 0 {
+	// A ping still in the send queue is outstanding too: with the local link
+	// down the kernel cannot transmit it, so it never counts as unacked, and
+	// without this the check would write another ping every period and never
+	// declare the silent peer dead (faults lane, link-down-timeout).
+	if l.info.Unacked > 0 || l.info.Notsent_bytes > 0 {
 		if l.pingAt == 0 {
 			l.pingAt = t
 		}
