@@ -190,6 +190,21 @@ tools() {
   fi
 }
 
+# kill_trials: issue 9's "peer SIGKILLed mid-transfer: the survivor's test errors
+# within NCCL_GO_TIMEOUT + 2 s, 0 hangs in 100 trials", for ib over real verbs
+# (the fault lane, make test-faults, does the same for socket and shm).
+kill_trials() {
+  section "faults kill over $DEV (ib, NCCL_GO_TIMEOUT=5, ${RDMA_LANE_KILL_TRIALS:-100} trials)"
+  local out=$work/kill.out
+  if NCCL_GO_TRANSPORT=ib NCCL_GO_TIMEOUT=5 timeout -k 10 "${RDMA_LANE_KILL_TIMEOUT:-600}" \
+    "$HARNESS" faults kill --plugin "$PLUGIN" --trials "${RDMA_LANE_KILL_TRIALS:-100}" --timeout 120 2>&1 | tee "$out" &&
+    grep -q 'faults kill: PASS' "$out"; then
+    pass "faults kill over $DEV ($(grep -o 'PASS: .*' "$out" | tail -n1))"
+  else
+    fail "faults kill" "a survivor hung or erred late over $DEV (output above)"
+  fi
+}
+
 # threads_sampler FILE: every 5 s, "<pid> <threads>" for each process running the
 # harness binary (its rank processes load the plugin), until killed.
 threads_sampler() {
@@ -294,7 +309,7 @@ bench_lat() {
 }
 
 case ${1:-test} in
-  test) verbs_smoke; go_tests; conformance; tools ;;
+  test) verbs_smoke; go_tests; conformance; tools; kill_trials ;;
   bench) bench ;;
   verbs) verbs_smoke ;;
   *) echo "lane.sh: unknown mode '$1' (test, bench, verbs)" >&2; exit 2 ;;
