@@ -64,6 +64,7 @@ struct mt_rank {
   mt_thread_t th[MT_MAX_THREADS];
   pthread_t svc;
   int rounds, regs, aborts, inflight_closes;
+  int torn_errors; /* set-up calls that failed because the other rank tore the round down first */
   char svc_why[WHY_LEN];
   int svc_failed;
 };
@@ -167,12 +168,24 @@ static int mt_link(mt_rank_t* m, net_t* n, int ch, bool more, int polls, link_t*
   }
   ncclNetDeviceHandle_v8_t *sdh = NULL, *rdh = NULL;
   ncclNetCommConfig_v10_t cfg = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
+  /* In a round torn down during set-up (polls > 0) the other rank may close
+   * its listener before this rank's connect reaches it: the connect then
+   * fails with ncclSystemError ("connection reset by peer"), as NCCL's own
+   * would against an aborting peer. That is the abort's outcome, not a
+   * defect; any other result is still one. */
+#define MT_TORN(res) (polls > 0 && ((res) == ncclSystemError || (res) == ncclRemoteError))
   while (l->sc == NULL || l->rc == NULL) {
-    if (l->sc == NULL && (res = net_connect(n, 0, &cfg, peer.handle, &l->sc, &sdh)) != ncclSuccess)
-      return mt_fail(m, why, "connect returned %s", result_str(res));
+    if (l->sc == NULL && (res = net_connect(n, 0, &cfg, peer.handle, &l->sc, &sdh)) != ncclSuccess) {
+      if (!MT_TORN(res)) return mt_fail(m, why, "connect returned %s", result_str(res));
+      m->torn_errors++;
+      break;
+    }
     if (l->rc == NULL) {
-      if ((res = net_accept(n, l->lc, &l->rc, &rdh)) != ncclSuccess)
-        return mt_fail(m, why, "accept returned %s", result_str(res));
+      if ((res = net_accept(n, l->lc, &l->rc, &rdh)) != ncclSuccess) {
+        if (!MT_TORN(res)) return mt_fail(m, why, "accept returned %s", result_str(res));
+        m->torn_errors++;
+        break;
+      }
       if (l->rc != NULL) {
         res = net_close_listen(n, l->lc);
         l->lc = NULL;
@@ -185,6 +198,7 @@ static int mt_link(mt_rank_t* m, net_t* n, int ch, bool more, int polls, link_t*
     if (stop) return mt_fail(m, why, "connect/accept not done when %s (sendComm %p, recvComm %p)", stop, l->sc, l->rc);
     sched_yield();
   }
+#undef MT_TORN
   *go = true;
   return 0;
 }
@@ -524,10 +538,12 @@ static int mt_rank_main(rank_t* r, void* arg) {
   }
   snprintf(out, sizeof s->text[0],
            "rank %d: %d progress threads received %ld messages (%.1f MiB) verified; service thread: %d connection "
-           "rounds%s (%d torn down during set-up, %d closed with requests in flight), %d registrations on busy "
+           "rounds%s (%d torn down during set-up, %d of them failing connect/accept on this rank; %d closed with requests "
+           "in flight), %d registrations on busy "
            "comms; profiler events: %ld started, %ld stopped",
            r->rank, m.nthreads, msgs, (double)bytes / (1 << 20), m.rounds,
-           version >= 11 ? " each in its own init/finalize context" : "", m.aborts, m.inflight_closes, m.regs, st, sp);
+           version >= 11 ? " each in its own init/finalize context" : "", m.aborts, m.torn_errors, m.inflight_closes, m.regs,
+           st, sp);
   rc = 0;
 done:
   if (rc != 0) {
