@@ -389,12 +389,15 @@ pairs_running || fail "a load pair ended before the checks (see load-busy.log / 
 
 # alert_active NAME MATCHER: ALERTS has NAME pending or firing for MATCHER.
 alert_active() { returns "ALERTS{alertname=\"$1\", alertstate=~\"pending|firing\"$2}"; }
-alert_active NcclNetStalledRequests ",instance=\"127.0.0.1:$RULES_BASE\",direction=\"recv\"" ||
+# ALERTS appears only at the rule group's next evaluation (every 1 s) after the
+# expression first returns data, so each expected alert gets a few evaluations.
+alert_soon() { wait_until 10 alert_active "$@"; }
+alert_soon NcclNetStalledRequests ",instance=\"127.0.0.1:$RULES_BASE\",direction=\"recv\"" ||
   fail "NcclNetStalledRequests is not active for the receiver that was held past NCCL_GO_STALL_WARN"
-alert_active NcclNetErrors ",instance=\"127.0.0.1:$RULES_BASE\"" ||
+alert_soon NcclNetErrors ",instance=\"127.0.0.1:$RULES_BASE\"" ||
   fail "NcclNetErrors is not active for the rank whose irecv the plugin refused"
 for p in $((RULES_BASE + 2)) $((RULES_BASE + 3)); do
-  alert_active NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\"" ||
+  alert_soon NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\"" ||
     fail "NcclNetRankNotMovingData is not active for the silent rank on port $p"
 done
 for p in "$RULES_BASE" $((RULES_BASE + 1)); do
