@@ -109,7 +109,7 @@ func TestExplainQualifyingPortOfUnusableTransport(t *testing.T) {
 
 func TestExplainDisabledListsSysfsPorts(t *testing.T) {
 	setEnv(t, "NCCL_IB_DISABLE", "1")
-	root := filepath.Join("sysfs", "testdata", "sys")
+	root := filepath.Join("internal", "sysfs", "testdata", "sys")
 	r := diag.Diagnose([]nccl.Registration{{Name: "ib", Priority: 10, New: func() nccl.Transport {
 		return NewWithOptions(Options{SysfsRoot: root})
 	}}}, diag.Options{SysfsRoot: root})
