@@ -18,7 +18,7 @@ import (
 // NCCL_SOCKET_FAMILY (the out-of-band interface), NCCL_SOCKET_MAGIC and the
 // connect retry settings are NCCL's socket settings, declared by
 // internal/ncclsock; NCCL_GO_TIMEOUT by internal/timeout.
-var env = ncclenv.NewGroup("ib", "NET/GoIB")
+var env = ncclenv.NewGroup("ib", logPrefix)
 
 var (
 	envDisable  = env.Bool("NCCL_IB_DISABLE", false, "do not use the ib transport")
