@@ -15,6 +15,7 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -99,7 +100,7 @@ func newStallingListener(t *testing.T) (*stallingListener, nccl.Handle) {
 	}()
 	t.Cleanup(func() { _ = ln.Close(); s.wg.Wait() })
 	var h nccl.Handle
-	writeHandle(&h, handleInfo{magic: defaultMagic, secret: 7, addr: ln.Addr().(*net.TCPAddr).AddrPort()})
+	writeHandle(&h, handleInfo{magic: ncclsock.DefaultMagic, secret: 7, addr: ln.Addr().(*net.TCPAddr).AddrPort()})
 	return s, h
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -22,8 +23,8 @@ func byteSize(n int) string {
 
 func setEnvTB(b *testing.B) {
 	m := map[string]string{"NCCL_SOCKET_IFNAME": "lo"}
-	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
-	b.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	ncclenv.SetLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
+	b.Cleanup(func() { ncclenv.SetLookup(nil) })
 }
 
 func benchHost(b *testing.B, f *softnic.Fabric, dev string) *Transport {

@@ -1,20 +1,64 @@
 package ib
 
 import (
+	"math"
 	"net/netip"
 	"strings"
 	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
+
+// env declares every variable the transport reads; docs/configuration.md has
+// a row for each (internal/settingsdoc checks). NCCL_SOCKET_IFNAME and
+// NCCL_SOCKET_FAMILY (the out-of-band interface), NCCL_SOCKET_MAGIC and the
+// connect retry settings are NCCL's socket settings, declared by
+// internal/ncclsock; NCCL_GO_TIMEOUT by internal/timeout.
+var env = ncclenv.NewGroup("ib", logPrefix)
+
+var (
+	envDisable  = env.Bool("NCCL_IB_DISABLE", false, "do not use the ib transport")
+	envLib      = env.String("NCCL_IBVERBS_LIB", ibv.DefaultLibrary, "libibverbs to dlopen")
+	envHCA      = env.List("NCCL_IB_HCA", ncclenv.MaxIBDevs, "HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
+	envGIDIndex = env.Int("NCCL_IB_GID_INDEX", -1, "RoCE GID index; -1 chooses automatically").ShowDefault("-1 (automatic)")
+	// NCCL compares the family exactly and ignores anything else; ib keeps
+	// its own, wider reading, and a bad value fails Init (docs/ib.md).
+	envAddrFamily   = env.String("NCCL_IB_ADDR_FAMILY", "AF_INET", "address family of the automatically chosen RoCE GID")
+	envAddrRange    = env.String("NCCL_IB_ADDR_RANGE", "", "CIDR range the automatically chosen RoCE GID must lie in").ShowDefault("unset (any)")
+	envRoCEVersion  = env.Int("NCCL_IB_ROCE_VERSION_NUM", 2, "RoCE version of the automatically chosen GID")
+	envPCIOrder     = env.Bool("NCCL_IB_DEVICE_PCI_ORDER", true, "number devices in PCI order")
+	envMergeVFs     = env.Bool("NCCL_IB_MERGE_VFS", true, "treat the virtual functions of one NIC as one device")
+	envMergeNICs    = env.Bool("NCCL_IB_MERGE_NICS", true, "fuse the ports of a dual-port NIC into one device")
+	envDMABuf       = env.Bool("NCCL_DMABUF_ENABLE", true, "register GPU memory through dma-buf when the kernel supports it")
+	envRelaxedOrder = env.Int("NCCL_IB_PCI_RELAXED_ORDERING", 2, "0 off; 1 and 2 register with relaxed ordering when ibv_reg_mr_iova2 exists")
+	envAdaptive     = env.Int("NCCL_IB_ADAPTIVE_ROUTING", arAuto, "0 or 1; unset follows the link layer (on for InfiniBand, off for RoCE)").ShowDefault("auto")
+	envARThreshold  = env.Int("NCCL_IB_AR_THRESHOLD", 8192, "with adaptive routing, messages above this many bytes send their data apart from the immediate").In(0, math.MaxInt64)
+	envQPs          = env.Int("NCCL_IB_QPS_PER_CONNECTION", 1, "queue pairs per connection and device").Clamp(1, maxQPs)
+	envSplitData    = env.Bool("NCCL_IB_SPLIT_DATA_ON_QPS", false, "spread each message over every QP instead of one QP per message")
+	envPKey         = env.Int("NCCL_IB_PKEY", 0, "partition key index")
+	envAckTimeout   = env.Int("NCCL_IB_TIMEOUT", 20, "InfiniBand local ACK timeout exponent (4.096 us * 2^n)")
+	envRetryCnt     = env.Int("NCCL_IB_RETRY_CNT", 7, "InfiniBand transport retry count")
+	envTC           = env.Int("NCCL_IB_TC", -1, "traffic class; -1 takes the communicator's").ShowDefault("-1 (the communicator's)")
+	envSL           = env.Int("NCCL_IB_SL", -1, "service level; -1 takes the communicator's traffic class").ShowDefault("-1 (the communicator's)")
+	envFIFOTC       = env.Int("NCCL_IB_FIFO_TC", -1, "traffic class of the clear-to-send writes; -1 takes the data's").ShowDefault("-1 (the data's)")
+	envECE          = env.Bool("NCCL_IB_ECE_ENABLE", true, "negotiate enhanced connection establishment where the NIC supports it")
+	envInline       = env.Bool("NCCL_IB_USE_INLINE", false, "send small clear-to-send entries inline")
+	envAsync        = env.Bool("NCCL_IB_RETURN_ASYNC_EVENTS", true, "fail the comms of a device that reports a fatal async event")
+	envForceFlush   = env.Bool("NCCL_GO_IB_FORCE_FLUSH", false, "flush host-memory receives too (testing)")
+	envNoFlush      = env.Bool("NCCL_GDR_FLUSH_DISABLE", false, "skip the GPUDirect flush READ")
+)
+
+// logPrefix is what every ib line starts with.
+const logPrefix = "NET/GoIB"
 
 // config is every setting the transport reads. It is read once, by Init, as
 // NCCL reads its NCCL_PARAMs once per process: a value changed afterwards
 // does not change a running job, and no data-path call ever reads the
 // environment. docs/ib.md lists each variable against what NCCL 2.30 does.
-// (NCCL_SOCKET_IFNAME and NCCL_SOCKET_FAMILY are read by findOOBInterface,
-// NCCL_IB_HCA is read by readHCAFilter, with the grammar of internal/ncclenv.)
 type config struct {
 	// Discovery.
 	disable      bool      // NCCL_IB_DISABLE
@@ -57,57 +101,46 @@ const arAuto = -2
 
 func readConfig(log nccl.Logger) (config, error) {
 	c := config{
-		disable:      nccl.EnvBool(log, "NCCL_IB_DISABLE", false),
-		ibverbsLib:   nccl.EnvString("NCCL_IBVERBS_LIB", ibv.DefaultLibrary),
-		pciOrder:     nccl.EnvBool(log, "NCCL_IB_DEVICE_PCI_ORDER", true),
-		mergeVFs:     nccl.EnvBool(log, "NCCL_IB_MERGE_VFS", true),
-		mergeNICs:    nccl.EnvBool(log, "NCCL_IB_MERGE_NICS", true),
-		dmabuf:       nccl.EnvBool(log, "NCCL_DMABUF_ENABLE", true),
-		relaxedOrder: int(nccl.EnvInt(log, "NCCL_IB_PCI_RELAXED_ORDERING", 2)),
-		adaptive:     int(nccl.EnvInt(log, "NCCL_IB_ADAPTIVE_ROUTING", arAuto)),
-		arThreshold:  int(nccl.EnvInt(log, "NCCL_IB_AR_THRESHOLD", 8192)),
+		disable:      envDisable.Get(log),
+		ibverbsLib:   envLib.Get(),
+		pciOrder:     envPCIOrder.Get(log),
+		mergeVFs:     envMergeVFs.Get(log),
+		mergeNICs:    envMergeNICs.Get(log),
+		dmabuf:       envDMABuf.Get(log),
+		relaxedOrder: int(envRelaxedOrder.Get(log)),
+		adaptive:     int(envAdaptive.Get(log)),
+		arThreshold:  int(envARThreshold.Get(log)),
 
-		qpsPerConn:  int(nccl.EnvInt(log, "NCCL_IB_QPS_PER_CONNECTION", 1)),
-		splitData:   nccl.EnvBool(log, "NCCL_IB_SPLIT_DATA_ON_QPS", false),
-		pkey:        int(nccl.EnvInt(log, "NCCL_IB_PKEY", 0)),
-		ackTimeout:  int(nccl.EnvInt(log, "NCCL_IB_TIMEOUT", 20)),
-		retryCnt:    int(nccl.EnvInt(log, "NCCL_IB_RETRY_CNT", 7)),
-		tc:          int(nccl.EnvInt(log, "NCCL_IB_TC", -1)),
-		sl:          int(nccl.EnvInt(log, "NCCL_IB_SL", -1)),
-		fifoTC:      int(nccl.EnvInt(log, "NCCL_IB_FIFO_TC", -1)),
-		ece:         nccl.EnvBool(log, "NCCL_IB_ECE_ENABLE", true),
-		useInline:   nccl.EnvBool(log, "NCCL_IB_USE_INLINE", false),
-		returnAsync: nccl.EnvBool(log, "NCCL_IB_RETURN_ASYNC_EVENTS", true),
-		forceFlush:  nccl.EnvBool(log, "NCCL_GO_IB_FORCE_FLUSH", false),
-		noFlush:     nccl.EnvBool(log, "NCCL_GDR_FLUSH_DISABLE", false),
+		qpsPerConn:  int(envQPs.Get(log)),
+		splitData:   envSplitData.Get(log),
+		pkey:        int(envPKey.Get(log)),
+		ackTimeout:  int(envAckTimeout.Get(log)),
+		retryCnt:    int(envRetryCnt.Get(log)),
+		tc:          int(envTC.Get(log)),
+		sl:          int(envSL.Get(log)),
+		fifoTC:      int(envFIFOTC.Get(log)),
+		ece:         envECE.Get(log),
+		useInline:   envInline.Get(log),
+		returnAsync: envAsync.Get(log),
+		forceFlush:  envForceFlush.Get(log),
+		noFlush:     envNoFlush.Get(log),
 
-		magic:     uint64(nccl.EnvInt(log, "NCCL_SOCKET_MAGIC", defaultMagic)),
-		dialRetry: int(nccl.EnvInt(log, "NCCL_SOCKET_RETRY_CNT", 34)),
-		dialSleep: time.Duration(nccl.EnvInt(log, "NCCL_SOCKET_RETRY_SLEEP_MSEC", 100)) * time.Millisecond,
-		peerTime:  nccl.PeerTimeout(log),
+		magic:    ncclsock.ReadMagic(log, logPrefix),
+		peerTime: timeout.Read(log, logPrefix),
 	}
-	if c.qpsPerConn < 1 || c.qpsPerConn > maxQPs {
-		n := min(max(c.qpsPerConn, 1), maxQPs)
-		log.Warnf("NET/GoIB : NCCL_IB_QPS_PER_CONNECTION=%d outside [1,%d]; using %d", c.qpsPerConn, maxQPs, n)
-		c.qpsPerConn = n
-	}
+	retry := ncclsock.ReadRetry(log, logPrefix)
+	c.dialRetry, c.dialSleep = retry.Count, retry.Sleep
 	if c.adaptive != arAuto && c.adaptive != 0 && c.adaptive != 1 {
 		log.Warnf("NET/GoIB : NCCL_IB_ADAPTIVE_ROUTING=%d is neither 0 nor 1; using the link layer's default (on for InfiniBand, off for RoCE)", c.adaptive)
 		c.adaptive = arAuto
 	}
-	if c.arThreshold < 0 {
-		log.Warnf("NET/GoIB : NCCL_IB_AR_THRESHOLD=%d is negative; using 8192", c.arThreshold)
-		c.arThreshold = 8192
-	}
-	c.setupLimit = c.peerTime
+	c.setupLimit = timeout.Bound(c.peerTime)
 	if c.peerTime <= 0 {
-		// Dead-peer detection is off, but no call may wait forever.
-		c.setupLimit = nccl.DefaultTimeout
 		log.Warnf("NET/GoIB : %s=%v disables dead-peer detection: a peer host that vanishes silently leaves its comms waiting until NCCL's watchdog aborts them; connection set-up stays bounded by %v",
-			nccl.EnvTimeout, c.peerTime, c.setupLimit)
+			timeout.Peer.Name(), c.peerTime, c.setupLimit)
 	}
-	if _, ok := nccl.LookupEnv("NCCL_GO_IB_CONNECT_TIMEOUT"); ok {
-		log.Warnf("NET/GoIB : NCCL_GO_IB_CONNECT_TIMEOUT is no longer read: %s (now %v) bounds connection set-up like every other wait", nccl.EnvTimeout, c.setupLimit)
+	if _, ok := ncclenv.Value("NCCL_GO_IB_CONNECT_TIMEOUT"); ok {
+		log.Warnf("NET/GoIB : NCCL_GO_IB_CONNECT_TIMEOUT is no longer read: %s (now %v) bounds connection set-up like every other wait", timeout.Peer.Name(), c.setupLimit)
 	}
 	c.hca, c.hcaSpec = readHCAFilter(log)
 	var err error
@@ -126,18 +159,18 @@ type gidConfig struct {
 
 func readGIDConfig(log nccl.Logger) (gidConfig, error) {
 	c := gidConfig{
-		index:       int(nccl.EnvInt(log, "NCCL_IB_GID_INDEX", -1)),
+		index:       int(envGIDIndex.Get(log)),
 		family:      4,
-		roceVersion: int(nccl.EnvInt(log, "NCCL_IB_ROCE_VERSION_NUM", 2)),
+		roceVersion: int(envRoCEVersion.Get(log)),
 	}
-	switch f := strings.ToUpper(nccl.EnvString("NCCL_IB_ADDR_FAMILY", "AF_INET")); f {
+	switch f := strings.ToUpper(envAddrFamily.Get()); f {
 	case "AF_INET", "INET", "IPV4":
 	case "AF_INET6", "INET6", "IPV6":
 		c.family = 6
 	default:
 		return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_FAMILY=%s is neither AF_INET nor AF_INET6", f)
 	}
-	if r := nccl.EnvString("NCCL_IB_ADDR_RANGE", ""); r != "" {
+	if r := envAddrRange.Get(); r != "" {
 		p, err := netip.ParsePrefix(r)
 		if err != nil {
 			return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_RANGE=%s is not a CIDR range (e.g. 10.0.0.0/8): %v", r, err)

@@ -2,6 +2,7 @@ package ib
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -66,8 +67,8 @@ func TestRealVerbsConformance(t *testing.T) {
 	requireRealDevice(t)
 	want := strings.Fields(os.Getenv("RDMA_LANE_CONFORMANCE_MODES"))
 	maxSize := 4 << 20
-	if v := nccl.EnvInt(nil, "RDMA_LANE_CONFORMANCE_MAX", 0); v > 0 {
-		maxSize = int(v)
+	if v, err := strconv.Atoi(os.Getenv("RDMA_LANE_CONFORMANCE_MAX")); err == nil && v > 0 {
+		maxSize = v
 	}
 	for _, m := range conformanceModes {
 		if len(want) > 0 && !contains(want, m.name) {

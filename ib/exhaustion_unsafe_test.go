@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -78,7 +79,7 @@ func connectError(t *testing.T, tr *Transport, h *nccl.Handle, limit time.Durati
 // (CONVENTIONS §5): connecting to an address where nobody listens, and to
 // one that drops the SYNs (a black hole), fail within it.
 func TestConnectIsBoundedByTimeout(t *testing.T) {
-	setEnv(t, nccl.EnvTimeout, "1")
+	setEnv(t, "NCCL_GO_TIMEOUT", "1")
 	_, a, _ := twoHosts(t, softnic.DeviceConfig{})
 	const slack = 2 * time.Second
 
@@ -86,7 +87,7 @@ func TestConnectIsBoundedByTimeout(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		require.NoError(t, err)
 		var h nccl.Handle
-		writeHandle(&h, handleInfo{magic: defaultMagic, secret: 1, addr: ln.Addr().(*net.TCPAddr).AddrPort()})
+		writeHandle(&h, handleInfo{magic: ncclsock.DefaultMagic, secret: 1, addr: ln.Addr().(*net.TCPAddr).AddrPort()})
 		require.NoError(t, ln.Close())
 		err, took := connectError(t, a.t, &h, time.Second+slack)
 		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err), "%v", err)
@@ -109,7 +110,7 @@ func TestConnectIsBoundedByTimeout(t *testing.T) {
 		defer filler.Close()
 		var h nccl.Handle
 		addr := netipAddrPort(t, "127.0.0.1", port)
-		writeHandle(&h, handleInfo{magic: defaultMagic, secret: 1, addr: addr})
+		writeHandle(&h, handleInfo{magic: ncclsock.DefaultMagic, secret: 1, addr: addr})
 		err, took := connectError(t, a.t, &h, time.Second+slack)
 		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err), "%v", err)
 		t.Logf("connect into a black hole failed after %v: %v", took, err)

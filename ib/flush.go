@@ -2,6 +2,7 @@ package ib
 
 import (
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/reqpool"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -12,13 +13,10 @@ type flusher struct {
 	enabled bool
 	qps     []verbs.QP
 	mem     *hostMem // the READ's 1-byte landing place
-	reqs    [maxRequests]flushReq
-	free    [maxRequests]int16
-	nfree   int
+	reqs    *reqpool.Pool[flushReq]
 }
 
 type flushReq struct {
-	inUse   bool
 	pending int
 }
 
@@ -58,10 +56,7 @@ func (f *flusher) setup(c *commCore) error {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTS on %s: %w", d.device, err)
 		}
 	}
-	for i := range f.free {
-		f.free[i] = int16(maxRequests - 1 - i)
-	}
-	f.nfree = maxRequests
+	f.reqs = reqpool.New[flushReq](maxRequests)
 	f.enabled = true
 	return nil
 }
@@ -101,14 +96,13 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	if h == nil || h.n != len(c.devs) {
 		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : iflush buffer %d has invalid memory handle %#x", last, uintptr(bufs[last].MH))
 	}
-	if f.nfree == 0 {
+	id, req, ok := f.reqs.Get()
+	if !ok {
 		// Not NoRequest: a NULL flush request tells NCCL there was nothing
 		// to flush. NCCL never has this many flushes outstanding.
 		return nccl.NoRequest, nccl.Errorf(nccl.InternalError, "NET/GoIB : more than %d flushes in flight", maxRequests)
 	}
-	f.nfree--
-	id := int(f.free[f.nfree])
-	f.reqs[id] = flushReq{inUse: true, pending: len(c.devs)}
+	req.pending = len(c.devs)
 	for d, qp := range f.qps {
 		c.swr[0] = verbs.SendWR{WRID: wrFlush | uint64(id), Opcode: verbs.WrRDMARead, Flags: verbs.SendSignaled, NumSGE: 1,
 			SGE:        verbs.SGE{Addr: f.mem.addr(), Length: 1, LKey: f.mem.lkeys[d]},
@@ -123,22 +117,24 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 
 func (c *recvComm) testFlush(id int) (bool, error) {
 	f := &c.flush
-	if !f.reqs[id].inUse {
+	var req *flushReq
+	if f.reqs != nil { // nil while flush is off
+		req = f.reqs.At(id)
+	}
+	if req == nil {
 		return false, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : test of unknown flush request %d", flushIDBase+id)
 	}
 	if err := c.check(); err != nil {
 		return false, err
 	}
-	if f.reqs[id].pending > 0 {
+	if req.pending > 0 {
 		if err := c.progress(); err != nil {
 			return false, err
 		}
-		if f.reqs[id].pending > 0 {
+		if req.pending > 0 {
 			return false, nil
 		}
 	}
-	f.reqs[id].inUse = false
-	f.free[f.nfree] = int16(id)
-	f.nfree++
+	f.reqs.Put(id)
 	return true, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -17,7 +18,7 @@ import (
 
 func FuzzReadHandle(f *testing.F) {
 	var h nccl.Handle
-	writeHandle(&h, handleInfo{magic: defaultMagic, secret: 42, addr: netip.MustParseAddrPort("192.0.2.1:4791")})
+	writeHandle(&h, handleInfo{magic: ncclsock.DefaultMagic, secret: 42, addr: netip.MustParseAddrPort("192.0.2.1:4791")})
 	f.Add(h[:])
 	writeHandle(&h, handleInfo{magic: 1, secret: 2, addr: netip.MustParseAddrPort("[2001:db8::1]:80")})
 	f.Add(h[:])
@@ -40,8 +41,8 @@ func FuzzReadHandle(f *testing.F) {
 
 func FuzzHello(f *testing.F) {
 	for _, h := range []hello{
-		{Magic: defaultMagic, Type: socketTypeNetIB, Version: protoVersion, Secret: 42, NDevs: 1, LinkLayer: uint32(verbs.LinkEthernet)},
-		{Magic: defaultMagic, Type: 3, Version: protoVersion, Secret: 42},
+		{Magic: ncclsock.DefaultMagic, Type: socketTypeNetIB, Version: protoVersion, Secret: 42, NDevs: 1, LinkLayer: uint32(verbs.LinkEthernet)},
+		{Magic: ncclsock.DefaultMagic, Type: 3, Version: protoVersion, Secret: 42},
 	} {
 		var buf bytes.Buffer
 		_ = binary.Write(&buf, binary.LittleEndian, &h)
@@ -52,8 +53,8 @@ func FuzzHello(f *testing.F) {
 		if binary.Read(bytes.NewReader(b), binary.LittleEndian, &h) != nil {
 			return
 		}
-		err := h.check(defaultMagic, 42)
-		ok := h.Magic == defaultMagic && h.Type == socketTypeNetIB && h.Version == protoVersion && h.Secret == 42
+		err := h.check(ncclsock.DefaultMagic, 42)
+		ok := h.Magic == ncclsock.DefaultMagic && h.Type == socketTypeNetIB && h.Version == protoVersion && h.Secret == 42
 		if (err == nil) != ok {
 			t.Fatalf("hello %+v: check said %v", h, err)
 		}

@@ -5,11 +5,6 @@ import (
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-var hcaEnv = ncclenv.NewGroup("ib", "NET/GoIB")
-
-var hcaList = hcaEnv.List("NCCL_IB_HCA", ncclenv.MaxIBDevs,
-	"HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
-
 // hcaFilter is a parsed NCCL_IB_HCA, read as NCCL reads it (ncclenv.List):
 // "mlx5_0:1,mlx5_1" selects by name prefix and optional port; a leading '^'
 // excludes instead; '=' after it (or at the start) makes names exact. Rail
@@ -22,9 +17,9 @@ type hcaFilter struct {
 // readHCAFilter reads NCCL_IB_HCA, WARNing what NCCL would read differently
 // from what was probably meant. spec is the value, "" when unset.
 func readHCAFilter(log nccl.Logger) (f hcaFilter, spec string) {
-	l, set := hcaList.Get(log)
+	l, set := envHCA.Get(log)
 	if set {
-		spec, _ = ncclenv.Value(hcaList.Name())
+		spec, _ = ncclenv.Value(envHCA.Name())
 	}
 	return hcaFilter{list: l}, spec
 }

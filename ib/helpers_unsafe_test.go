@@ -15,11 +15,12 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 // setEnv makes the NCCL settings exactly kv (plus NCCL_SOCKET_IFNAME=lo unless
-// given) for the test; nccl.LookupEnv is process-wide, so these tests do not
+// given) for the test; the lookup is process-wide, so these tests do not
 // run in parallel.
 func setEnv(t *testing.T, kv ...string) {
 	t.Helper()
@@ -27,8 +28,8 @@ func setEnv(t *testing.T, kv ...string) {
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
-	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	ncclenv.SetLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
+	t.Cleanup(func() { ncclenv.SetLookup(nil) })
 }
 
 // captureLog records log lines for assertions.

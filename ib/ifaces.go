@@ -25,7 +25,7 @@ func findOOBInterface(log nccl.Logger) (string, netip.Addr, error) {
 	if err != nil {
 		return "", netip.Addr{}, err
 	}
-	found, how := ncclsock.Find(ifs, ncclsock.Options{Max: 1, SkipLinkLocal: true, Log: log, Prefix: "NET/GoIB"})
+	found, how := ncclsock.Find(ifs, ncclsock.Options{Max: 1, SkipLinkLocal: true, Log: log, Prefix: logPrefix})
 	if len(found) == 0 {
 		if v, ok := ncclenv.Lookup(ncclsock.IfName.Name()); ok && len(strings.TrimSpace(v)) > 1 {
 			return "", netip.Addr{}, fmt.Errorf("no up interface with a usable address matches %s", how)

@@ -90,7 +90,7 @@ func TestDeadPeerHostDetectedSlowPeerNever(t *testing.T) {
 
 	// B, the peer host, lives in the namespace: its listening sockets (and
 	// so the connections they accept) are there.
-	setEnv(t, nccl.EnvTimeout, "2", "NCCL_SOCKET_IFNAME", p.peerIf)
+	setEnv(t, "NCCL_GO_TIMEOUT", "2", "NCCL_SOCKET_IFNAME", p.peerIf)
 	var b *Transport
 	var h1, h2 nccl.Handle
 	var l1, l2 nccl.Listener
@@ -108,7 +108,7 @@ func TestDeadPeerHostDetectedSlowPeerNever(t *testing.T) {
 		}
 	})
 	t.Cleanup(func() { _ = l1.Close(); _ = l2.Close(); _ = b.Finalize() })
-	setEnv(t, nccl.EnvTimeout, "2", "NCCL_SOCKET_IFNAME", p.hostIf)
+	setEnv(t, "NCCL_GO_TIMEOUT", "2", "NCCL_SOCKET_IFNAME", p.hostIf)
 	alog := &captureLog{}
 	a := NewWithOptions(Options{Provider: f.Provider(verbs.Features{}, "simA_0"), SysfsRoot: root})
 	require.NoError(t, a.Init(nccl.InitContext{Log: alog}))

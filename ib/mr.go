@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -166,10 +167,17 @@ type mrHandle struct {
 	rkeys   [maxVDevs]uint32
 }
 
-// handles holds every live registration; MemHandle values index it.
-var handles table[mrHandle]
+// handles holds every live registration; MemHandle values are its packed
+// Refs, so a released or forged handle does not resolve.
+var handles slots.Table[mrHandle]
 
-func lookupMR(mh nccl.MemHandle) *mrHandle { return handles.get(uint64(mh)) }
+func lookupMR(mh nccl.MemHandle) *mrHandle {
+	r, ok := slots.Unpack(uint64(mh))
+	if !ok {
+		return nil
+	}
+	return handles.Get(r)
+}
 
 // covers reports whether [addr, addr+size) lies inside the registration.
 func (h *mrHandle) covers(addr uint64, size int) bool {
@@ -177,19 +185,22 @@ func (h *mrHandle) covers(addr uint64, size int) bool {
 }
 
 func (c *commCore) publish(h *mrHandle) (nccl.MemHandle, error) {
-	id, ok := handles.add(h)
+	r, ok := handles.Add(h)
 	if !ok {
 		_ = h.releaseAll()
 		return 0, nccl.Errorf(nccl.InternalError, "NET/GoIB : too many live registrations")
 	}
-	return nccl.MemHandle(id), nil
+	return nccl.MemHandle(r.Pack()), nil
 }
 
 func (c *commCore) deregMr(mh nccl.MemHandle) error {
 	if mh == 0 {
 		return nil
 	}
-	h := handles.remove(uint64(mh))
+	var h *mrHandle
+	if r, ok := slots.Unpack(uint64(mh)); ok {
+		h = handles.Remove(r)
+	}
 	if h == nil {
 		return nccl.Errorf(nccl.InternalError, "NET/GoIB : deregMr of unknown or already released handle %#x", uintptr(mh))
 	}

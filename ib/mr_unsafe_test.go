@@ -168,6 +168,29 @@ func TestDataPathDoesNotAllocate(t *testing.T) {
 	assert.Zero(t, allocs, "allocations per message on the data path")
 }
 
+// A flush is on the data path too (after every GPU-direct receive).
+func TestFlushDoesNotAllocate(t *testing.T) {
+	setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	_, rc := connectPair(t, a, 0, b, 0)
+	require.True(t, rc.flush.enabled)
+	rb := newBuf(t, rc, 64, 0)
+	bufs := []nccl.RecvBuffer{{Data: rb.ptr(), Size: 64, MH: rb.mh}}
+	flush := func() {
+		r, err := rc.Iflush(bufs)
+		if err != nil || r == nccl.NoRequest {
+			t.Fatalf("iflush: %v %v", r, err)
+		}
+		for done := false; !done; {
+			if done, err = rc.Test(r, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	flush() // warm up
+	assert.Zero(t, testing.AllocsPerRun(200, flush), "allocations per flush")
+}
+
 type pingLoop struct {
 	sc     *sendComm
 	rc     *recvComm

@@ -38,8 +38,6 @@ const (
 	// socketTypeNetIB is NCCL's socket type tag for IB handshakes.
 	socketTypeNetIB = 4
 	protoVersion    = 1
-
-	defaultMagic = 0x564ab9f2fc4b9d6c
 )
 
 func randomU64() uint64 {

@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -53,17 +55,12 @@ type peerWatch struct {
 	now    func() int64 // the monotonic clock (tests move it)
 }
 
-// epoch anchors the monotonic clock of goneAt.
-var epoch = time.Now()
-
-func monoNow() int64 { return int64(time.Since(epoch)) }
-
 // attach takes ownership of the handshake connection and arms keepalive and
 // TCP_USER_TIMEOUT with the dead-peer timeout (off when it is 0). It is best
 // effort: without it (a connection that is not TCP) the comm just cannot
 // tell a dead peer from a slow one.
-func (w *peerWatch) attach(conn net.Conn, timeout time.Duration) {
-	w.now = monoNow
+func (w *peerWatch) attach(conn net.Conn, d time.Duration) {
+	w.now = clock.Now
 	tc, ok := conn.(*net.TCPConn)
 	if !ok {
 		_ = conn.Close()
@@ -75,9 +72,9 @@ func (w *peerWatch) attach(conn net.Conn, timeout time.Duration) {
 		_ = conn.Close()
 		return
 	}
-	if timeout > 0 {
-		_ = tc.SetKeepAliveConfig(nccl.KeepAlive(timeout))
-		ms := int(min(timeout.Milliseconds(), 1<<31-1))
+	if d > 0 {
+		_ = tc.SetKeepAliveConfig(timeout.KeepAlive(d))
+		ms := int(min(d.Milliseconds(), 1<<31-1))
 		_ = raw.Control(func(fd uintptr) {
 			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, ms)
 		})

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -29,13 +30,13 @@ func overlayEnv(t *testing.T, kv ...string) {
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
-	nccl.SetEnvLookup(func(k string) (string, bool) {
+	ncclenv.SetLookup(func(k string) (string, bool) {
 		if v, ok := m[k]; ok {
 			return v, true
 		}
-		return os.LookupEnv(k)
+		return ncclenv.InitialValue(k)
 	})
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	t.Cleanup(func() { ncclenv.SetLookup(nil) })
 }
 
 // requireRealDevice skips, saying why, where libibverbs or an RDMA device is
@@ -46,7 +47,7 @@ func requireRealDevice(t *testing.T) {
 	if os.Getenv("RDMA_LANE") == "1" {
 		skip = t.Fatalf
 	}
-	lib := nccl.EnvString("NCCL_IBVERBS_LIB", ibv.DefaultLibrary)
+	lib := envLib.Get()
 	p, err := ibv.Load(lib)
 	if err != nil {
 		skip("no RDMA stack: %s cannot be loaded (%v)", lib, err)
@@ -58,7 +59,8 @@ func requireRealDevice(t *testing.T) {
 		skip("no RDMA device: ibv_get_device_list returned 0 devices")
 		return
 	}
-	t.Logf("RDMA devices: %v (NCCL_IB_HCA=%q)", names, nccl.EnvString("NCCL_IB_HCA", ""))
+	hca, _ := ncclenv.Value(envHCA.Name())
+	t.Logf("RDMA devices: %v (NCCL_IB_HCA=%q)", names, hca)
 }
 
 func realHosts(t *testing.T) (*host, *host) {

@@ -103,9 +103,6 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		return nccl.NoRequest, err
 	}
 	n := len(bufs)
-	if n < 1 || n > maxRecvs {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : grouped receive of %d buffers; this device allows 1 to %d (maxRecvs)", n, maxRecvs)
-	}
 	slot := int(c.fifoHead % maxRequests)
 	req := &c.reqs[slot]
 	if req.inUse {
@@ -250,7 +247,9 @@ func (c *recvComm) progress() error {
 					req.pending--
 					req.imm = wc.Imm
 				case wrFlush:
-					c.flush.reqs[v].pending--
+					if req := c.flush.reqs.At(v); req != nil {
+						req.pending--
+					}
 				}
 			}
 			if n < len(c.wcs) {

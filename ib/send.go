@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/reqpool"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -25,7 +26,6 @@ func chunkSize(size, nq int) int {
 }
 
 type sendReq struct {
-	inUse     bool
 	truncated bool
 	size      int
 	posted    uint64
@@ -49,9 +49,7 @@ type sendComm struct {
 	ar          bool
 	arThreshold int
 
-	reqs        [maxRequests]sendReq
-	free        [maxRequests]int16
-	nfree       int
+	reqs        *reqpool.Pool[sendReq]
 	slotReq     [maxRequests][maxRecvs]int16
 	slotMatched [maxRequests]uint8
 	slotPosted  [maxRequests]bool // data posted, completions outstanding
@@ -69,7 +67,7 @@ func newSendComm(t *Transport, devs []*device, remDevs int, peer string) (*sendC
 	if t.cfg.splitData {
 		core.nDataQPs = nqps
 	}
-	s := &sendComm{commCore: core, ar: true, arThreshold: t.cfg.arThreshold}
+	s := &sendComm{commCore: core, ar: true, arThreshold: t.cfg.arThreshold, reqs: reqpool.New[sendReq](maxRequests)}
 	for _, d := range devs {
 		s.ar = s.ar && d.ar
 	}
@@ -93,10 +91,6 @@ func newSendComm(t *Transport, devs []*device, remDevs int, peer string) (*sendC
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : size records: %w", err)
 	}
 	s.sizes = s.sizesMem.sizeRecord()
-	for i := range s.free {
-		s.free[i] = int16(maxRequests - 1 - i)
-	}
-	s.nfree = maxRequests
 	for i := range s.slotReq {
 		for j := range s.slotReq[i] {
 			s.slotReq[i][j] = -1
@@ -105,6 +99,10 @@ func newSendComm(t *Transport, devs []*device, remDevs int, peer string) (*sendC
 	ok = true
 	return s, nil
 }
+
+// req is the send request matched to entry e of CTS slot slot: in use until
+// its Test, which the slot's completions precede.
+func (s *sendComm) req(slot, e int) *sendReq { return s.reqs.At(int(s.slotReq[slot][e])) }
 
 // finish connects the QPs once the receiver's QP numbers are known.
 func (s *sendComm) finish(rm *connMeta, tc, sl int) error {
@@ -176,19 +174,17 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 			return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : isend buffer %#x+%d lies outside its registration", data, size)
 		}
 	}
-	if s.nfree == 0 {
+	id, req, ok := s.reqs.Get()
+	if !ok {
 		return nccl.NoRequest, nil
 	}
-	s.nfree--
-	id := s.free[s.nfree]
-	req := &s.reqs[id]
-	*req = sendReq{inUse: true, size: size, data: data, mh: h, posted: ents[entry].Size}
+	*req = sendReq{size: size, data: data, mh: h, posted: ents[entry].Size}
 	if uint64(size) > req.posted {
 		req.truncated = true
 		s.log.Warnf("NET/GoIB : send of %d bytes to %s is larger than the posted receive buffer of %d bytes (tag %d); nothing was written past the buffer and both requests fail with ncclInvalidUsage: sender and receiver disagree on message sizes",
 			size, s.peer, req.posted, tag)
 	}
-	s.slotReq[slot][entry] = id
+	s.slotReq[slot][entry] = int16(id)
 	s.slotMatched[slot]++
 	if int(s.slotMatched[slot]) == nreqs {
 		if err := s.post(slot, nreqs); err != nil {
@@ -212,7 +208,7 @@ func (s *sendComm) post(slot, nreqs int) error {
 	ents := &s.cts[slot]
 	nq := s.nDataQPs
 	for r := 0; r < nreqs; r++ {
-		req := &s.reqs[s.slotReq[slot][r]]
+		req := s.req(slot, r)
 		req.pending = nq
 		if nreqs > 1 {
 			if req.truncated {
@@ -222,14 +218,14 @@ func (s *sendComm) post(slot, nreqs int) error {
 			}
 		}
 	}
-	first := &s.reqs[s.slotReq[slot][0]]
+	first := s.req(slot, 0)
 	separateImm := nreqs == 1 && s.ar && !first.truncated && first.size > s.arThreshold
 	for i := 0; i < nq; i++ {
 		qi := int((s.fifoHead*uint64(nq) + uint64(i)) % uint64(len(s.qps)))
 		q := &s.qps[qi]
 		n := 0
 		for r := 0; r < nreqs; r++ {
-			req := &s.reqs[s.slotReq[slot][r]]
+			req := s.req(slot, r)
 			if req.truncated || req.size == 0 {
 				continue
 			}
@@ -308,13 +304,13 @@ func (s *sendComm) protocolError(what string) error {
 // Test reports a send complete once every data QP's signaled write of its
 // slot has completed.
 func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
-	if r < 0 || int(r) >= maxRequests || !s.reqs[r].inUse {
+	req := s.reqs.At(int(r))
+	if req == nil {
 		return false, 0, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : test of unknown send request %d", r)
 	}
 	if err := s.check(); err != nil {
 		return false, 0, err
 	}
-	req := &s.reqs[r]
 	if req.pending > 0 {
 		if err := s.progress(); err != nil {
 			return false, 0, err
@@ -326,13 +322,12 @@ func (s *sendComm) Test(r nccl.Request) (bool, int, error) {
 			return false, 0, nil
 		}
 	}
-	req.inUse = false
-	s.free[s.nfree] = int16(r)
-	s.nfree++
-	if req.truncated {
-		return true, 0, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : send of %d bytes to %s exceeded the posted receive of %d bytes", req.size, s.peer, req.posted)
+	done := *req
+	s.reqs.Put(int(r))
+	if done.truncated {
+		return true, 0, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : send of %d bytes to %s exceeded the posted receive of %d bytes", done.size, s.peer, done.posted)
 	}
-	return true, req.size, nil
+	return true, done.size, nil
 }
 
 // progress reaps the send completions of every member CQ.
@@ -355,7 +350,7 @@ func (s *sendComm) progress() error {
 				slot := int(wc.WRID &^ wrKind)
 				done := true
 				for e := 0; e < maxRecvs && s.slotReq[slot][e] >= 0; e++ {
-					req := &s.reqs[s.slotReq[slot][e]]
+					req := s.req(slot, e)
 					req.pending--
 					done = done && req.pending == 0
 				}

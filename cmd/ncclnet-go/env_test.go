@@ -18,11 +18,11 @@ func TestEnvFlagsMisspelledTimeout(t *testing.T) {
 	assert.Regexp(t, `(?m)^NCCL_GO_TIMEOUT +30 +\S+ +env `, out)
 	assert.Equal(t, "ncclnet-go env: 1 set NCCL_GO_* variable(s) the plugin does not know (a typo?): NCCL_GO_TIMEOUTT\n", errOut)
 
-	testEnv(t, map[string]string{"NCCL_GO_TIMEOUT": "30", "NCCL_IB_AR_THRESHOLD": "8192"})
+	testEnv(t, map[string]string{"NCCL_GO_TIMEOUT": "30", "NCCL_IB_OOO_RQ": "1"})
 	out, _, code = runCmd(t, "env")
 	assert.Equal(t, 0, code, out)
 	assert.NotContains(t, out, "warning:")
-	assert.Contains(t, out, "set, not read by libnccl-net-go (NCCL itself may read them): NCCL_IB_AR_THRESHOLD\n")
+	assert.Contains(t, out, "set, not read by libnccl-net-go (NCCL itself may read them): NCCL_IB_OOO_RQ\n")
 }
 
 func TestEnvSourcesFollowNCCL(t *testing.T) {

@@ -1,0 +1,93 @@
+package ib
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	setEnv(t)
+	c, err := readConfig(&captureLog{})
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.qpsPerConn)
+	assert.Equal(t, arAuto, c.adaptive)
+	assert.Equal(t, 8192, c.arThreshold)
+	assert.Equal(t, uint64(ncclsock.DefaultMagic), c.magic)
+	assert.Equal(t, 34, c.dialRetry)
+	assert.Equal(t, 100*time.Millisecond, c.dialSleep)
+	assert.Equal(t, timeout.Default, c.peerTime)
+	assert.Equal(t, timeout.Default, c.setupLimit)
+	assert.Equal(t, -1, c.gid.index)
+	assert.Equal(t, 4, c.gid.family)
+}
+
+// NCCL reads NCCL_SOCKET_MAGIC with strtoull, as the socket transport does:
+// a magic of 2^63 or more is a valid value, not a reason to fall back to the
+// default (which would make ib disagree with socket and NCCL's bootstrap).
+func TestConfigMagicIsUnsigned(t *testing.T) {
+	setEnv(t, "NCCL_SOCKET_MAGIC", "0xfedcba9876543210")
+	log := &captureLog{}
+	c, err := readConfig(log)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(0xfedcba9876543210), c.magic)
+	assert.Zero(t, log.count("WARN"), log.String())
+}
+
+func TestConfigRangesWarn(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want func(config) int
+		val  int
+		warn string
+	}{
+		{[]string{"NCCL_IB_QPS_PER_CONNECTION", "0"}, func(c config) int { return c.qpsPerConn }, 1, "NET/GoIB : ignoring NCCL_IB_QPS_PER_CONNECTION=0: must be in [1, 128]; using 1"},
+		{[]string{"NCCL_IB_QPS_PER_CONNECTION", "1000"}, func(c config) int { return c.qpsPerConn }, maxQPs, "using 128"},
+		{[]string{"NCCL_IB_QPS_PER_CONNECTION", "4"}, func(c config) int { return c.qpsPerConn }, 4, ""},
+		{[]string{"NCCL_IB_AR_THRESHOLD", "-1"}, func(c config) int { return c.arThreshold }, 8192, "NET/GoIB : ignoring NCCL_IB_AR_THRESHOLD=-1"},
+		{[]string{"NCCL_IB_ADAPTIVE_ROUTING", "3"}, func(c config) int { return c.adaptive }, arAuto, "NCCL_IB_ADAPTIVE_ROUTING=3 is neither 0 nor 1"},
+		{[]string{"NCCL_IB_TIMEOUT", "twenty"}, func(c config) int { return c.ackTimeout }, 20, "NET/GoIB : ignoring NCCL_IB_TIMEOUT=twenty"},
+		{[]string{"NCCL_SOCKET_RETRY_CNT", "5"}, func(c config) int { return c.dialRetry }, 5, ""},
+	} {
+		setEnv(t, tc.env...)
+		log := &captureLog{}
+		c, err := readConfig(log)
+		require.NoError(t, err)
+		assert.Equal(t, tc.val, tc.want(c), "%v", tc.env)
+		if tc.warn == "" {
+			assert.Zero(t, log.count("WARN"), log.String())
+		} else {
+			assert.True(t, log.has(tc.warn), "%v: %s", tc.env, log.String())
+		}
+	}
+}
+
+func TestConfigTimeout(t *testing.T) {
+	setEnv(t, "NCCL_GO_TIMEOUT", "0", "NCCL_GO_IB_CONNECT_TIMEOUT", "9")
+	log := &captureLog{}
+	c, err := readConfig(log)
+	require.NoError(t, err)
+	assert.Zero(t, c.peerTime)
+	assert.Equal(t, timeout.Default, c.setupLimit, "set-up stays bounded")
+	assert.True(t, log.has("NCCL_GO_TIMEOUT=0s disables dead-peer detection"), log.String())
+	assert.True(t, log.has("NCCL_GO_IB_CONNECT_TIMEOUT is no longer read"), log.String())
+}
+
+// Every variable ib reads is declared once, by the ib group, except the
+// socket and timeout settings it shares.
+func TestConfigDeclared(t *testing.T) {
+	for _, name := range []string{"NCCL_IB_HCA", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_ADDR_FAMILY", "NCCL_GDR_FLUSH_DISABLE", "NCCL_GO_IB_FORCE_FLUSH"} {
+		s, ok := ncclenv.Find(name)
+		require.True(t, ok, name)
+		assert.Equal(t, "ib", s.Owner, name)
+	}
+	s, ok := ncclenv.Find("NCCL_SOCKET_MAGIC")
+	require.True(t, ok)
+	assert.NotEqual(t, "ib", s.Owner)
+}
