@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -47,7 +48,7 @@ func listenDecoded(t *testing.T, tr *Transport) (nccl.Listener, nccl.Handle, han
 	var h nccl.Handle
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
-	hi, err := decodeHandle(&h, defaultMagic)
+	hi, err := decodeHandle(&h, ncclsock.DefaultMagic)
 	require.NoError(t, err)
 	return l, h, hi
 }
@@ -122,7 +123,7 @@ func TestLinkLocalDialUsesOwnInterface(t *testing.T) {
 // rogueHello writes a hello for stream index of connection connID.
 func rogueHello(t *testing.T, c net.Conn, hi handleInfo, index int, connID uint64, mut func(*hello)) {
 	t.Helper()
-	m := hello{magic: defaultMagic, version: protoVersion, index: index, streams: hi.streams, secret: hi.secret, connID: connID}
+	m := hello{magic: ncclsock.DefaultMagic, version: protoVersion, index: index, streams: hi.streams, secret: hi.secret, connID: connID}
 	if mut != nil {
 		mut(&m)
 	}
@@ -248,7 +249,7 @@ func TestConnectRefusedRetriesThenFails(t *testing.T) {
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	hi := handleInfo{magic: defaultMagic, version: protoVersion, addr: netip_MustParseAddrPort("127.0.0.1:" + itoa(port)),
+	hi := handleInfo{magic: ncclsock.DefaultMagic, version: protoVersion, addr: netip_MustParseAddrPort("127.0.0.1:" + itoa(port)),
 		streams: 2, minChunk: defaultMinChunk}
 	var h nccl.Handle
 	encodeHandle(&h, &hi)
@@ -389,7 +390,7 @@ func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Co
 func TestSilentSenderIsAlive(t *testing.T) {
 	for _, streams := range []string{"4", "0"} {
 		t.Run("streams="+streams, func(t *testing.T) {
-			withEnv(t, map[string]string{nccl.EnvTimeout: "0.3", envNThreads: streams})
+			withEnv(t, map[string]string{envTimeout: "0.3", envNThreads: streams})
 			log := &captureLog{}
 			tr := initLoopback(t, log)
 			l, _, hi := listenDecoded(t, tr)
@@ -491,7 +492,7 @@ func fakeReceiver(t *testing.T, streams int) (nccl.Handle, func() []net.Conn) {
 // 3 × NCCL_GO_TIMEOUT without error, and fails at once when the receiver
 // closes.
 func TestSilentReceiverIsAlive(t *testing.T) {
-	withEnv(t, map[string]string{nccl.EnvTimeout: "0.3"})
+	withEnv(t, map[string]string{envTimeout: "0.3"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
 	h, conns := fakeReceiver(t, 1)

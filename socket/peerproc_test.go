@@ -74,9 +74,9 @@ func receivingRank() int {
 
 func TestFrozenPeerIsAliveKilledPeerFails(t *testing.T) {
 	const timeout = time.Second
-	withEnv(t, map[string]string{nccl.EnvTimeout: "1"})
+	withEnv(t, map[string]string{envTimeout: "1"})
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), peerRoleEnv+"=recv", nccl.EnvTimeout+"=1")
+	cmd.Env = append(os.Environ(), peerRoleEnv+"=recv", envTimeout+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)

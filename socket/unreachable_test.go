@@ -79,7 +79,7 @@ func TestUnreachablePeerDetected(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			enterPrivateNetns(t)
 			const timeout = time.Second
-			withEnv(t, map[string]string{nccl.EnvTimeout: "1", envNThreads: c.streams})
+			withEnv(t, map[string]string{envTimeout: "1", envNThreads: c.streams})
 			log := &captureLog{}
 			tr := initLoopback(t, log)
 			s, r := pair(t, tr)
@@ -121,7 +121,7 @@ func TestUnreachablePeerDetected(t *testing.T) {
 			t.Logf("declared dead after %v (NCCL_GO_TIMEOUT=%v)", took.Round(time.Millisecond), timeout)
 			assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
 			assert.Contains(t, err.Error(), "unreachable")
-			assert.Contains(t, err.Error(), nccl.EnvTimeout)
+			assert.Contains(t, err.Error(), envTimeout)
 			assert.GreaterOrEqual(t, took, timeout/2, "declared dead before its host was silent for half the timeout")
 			runtime.KeepAlive(src)
 			runtime.KeepAlive(dst)
@@ -135,7 +135,7 @@ func TestLinkFlapRecovers(t *testing.T) {
 	for _, streams := range []string{"0", "4"} {
 		t.Run("streams="+streams, func(t *testing.T) {
 			enterPrivateNetns(t)
-			withEnv(t, map[string]string{nccl.EnvTimeout: "8", envNThreads: streams})
+			withEnv(t, map[string]string{envTimeout: "8", envNThreads: streams})
 			log := &captureLog{}
 			tr := initLoopback(t, log)
 			s, r := pair(t, tr)
