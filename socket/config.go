@@ -68,10 +68,10 @@ var env = ncclenv.NewGroup("socket", logPrefix)
 var (
 	nThreads = env.Int(envNThreads, auto,
 		"data streams per connection, times NCCL_NSOCKS_PERTHREAD (capped at 64); 0: everything on the control stream; -2: auto").
-		In(auto, math.MaxInt32).ShowDefault("auto (4 with >= 8 CPUs, else 0)")
+		ShowDefault("auto (4 with >= 8 CPUs, else 0)")
 	nSocks = env.Int(envNSocks, auto,
 		"data streams per NCCL_SOCKET_NTHREADS; only the product matters; -2: auto (1)").
-		In(auto, math.MaxInt32).ShowDefault("auto (1)")
+		ShowDefault("auto (1)")
 	sndBuf = env.Int(envSndBuf, -1,
 		"SO_SNDBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
 	rcvBuf = env.Int(envRcvBuf, -1,
@@ -86,7 +86,7 @@ var (
 		"how long an accepted connection may stay silent before the listener drops it; <= 0: the default")
 	helpers = env.Int(envHelpers, auto,
 		"goroutines per connection end moving striped chunks beside NCCL's thread (at most one per stream); -2: auto").
-		In(auto, math.MaxInt32).ShowDefault("auto (4 with >= 8 CPUs, else 0)")
+		ShowDefault("auto (4 with >= 8 CPUs, else 0)")
 )
 
 // The shared settings' names, for the hints in WARNs.
@@ -109,16 +109,15 @@ func peerTimeout(log nccl.Logger) time.Duration { return timeout.Read(log, logPr
 // retryPolicy is NCCL's connect retry policy.
 func retryPolicy(log nccl.Logger) ncclsock.Retry { return ncclsock.ReadRetry(log, logPrefix) }
 
-// readAuto reads a setting whose -2 means auto: -1 is the one value the
-// declared range lets through that means nothing, so it is a WARN and auto
-// too.
-func readAuto(log nccl.Logger, v *ncclenv.IntVar, def int64) int64 {
+// readAuto reads a count whose -2 means auto; any other negative value is
+// a WARN and auto too. (Not a declared range: its WARN would say "using -2".)
+func readAuto(log nccl.Logger, v *ncclenv.IntVar, autoValue int64) int64 {
 	n := v.Get(log)
-	if n == -1 {
-		log.Warnf("%s : ignoring %s=-1: must be >= 0, or -2 for auto; using auto (%d)", logPrefix, v.Name(), def)
+	if n < 0 && n != v.Default() {
+		log.Warnf("%s : ignoring %s=%d: must be >= 0, or -2 for auto; using auto (%d)", logPrefix, v.Name(), n, autoValue)
 	}
 	if n < 0 {
-		return def
+		return autoValue
 	}
 	return n
 }
@@ -129,7 +128,7 @@ func readAuto(log nccl.Logger, v *ncclenv.IntVar, def int64) int64 {
 func streamCount(log nccl.Logger) int {
 	nt := readAuto(log, nThreads, autoThreads(runtime.NumCPU()))
 	ns := readAuto(log, nSocks, defaultNSocks)
-	n := nt * ns // both at most MaxInt32: no overflow
+	n := min(nt, math.MaxInt32) * min(ns, math.MaxInt32) // no overflow
 	if n > maxStreams {
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : %s × %s = %d streams, capped at %d", envNThreads, envNSocks, n, maxStreams)
 		n = maxStreams

@@ -130,10 +130,20 @@ func TestStreamCount(t *testing.T) {
 		{map[string]string{envNThreads: "16", envNSocks: "16"}, 64},
 		{map[string]string{envNThreads: "-2", envNSocks: "-2"}, auto},
 		{map[string]string{envNThreads: "-5"}, auto},
+		{map[string]string{envNThreads: "3", envNSocks: "-1"}, 3},
+		{map[string]string{envNThreads: "0x7fffffffffffffff", envNSocks: "0x7fffffffffffffff"}, 64},
 	} {
 		withEnv(t, c.env)
 		assert.Equal(t, c.want, streamCount(log), "%v", c.env)
 	}
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_SOCKET_NTHREADS=-5: must be >= 0, or -2 for auto")
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_NSOCKS_PERTHREAD=-1: must be >= 0, or -2 for auto; using auto (1)")
+	assert.NotContains(t, log.String(), "=-2", "-2 is auto, not a mistake")
+	withEnv(t, map[string]string{envHelpers: "-1"})
+	assert.Equal(t, min(int(autoHelpers(runtime.NumCPU())), 2), helperCount(log, 2))
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_GO_SOCKET_HELPERS=-1")
+	withEnv(t, map[string]string{envHelpers: "9"})
+	assert.Equal(t, 2, helperCount(log, 2), "at most one helper per stream")
 	assert.Equal(t, int64(0), autoThreads(2), "small hosts: no stream goroutines")
 	assert.Equal(t, int64(0), autoThreads(minCPUsForStreams-1))
 	assert.Equal(t, int64(defaultNThreads), autoThreads(minCPUsForStreams))
