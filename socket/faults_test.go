@@ -382,6 +382,13 @@ func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Co
 	return ctrl, beat, data
 }
 
+// silentPings is how many liveness pings a silent peer's kernel must answer
+// before the tests of silent and slow peers end the silence. A ping is written only once the one
+// before was answered and the peer was then silent for NCCL_GO_TIMEOUT/2, so
+// seven of them span at least 3 × NCCL_GO_TIMEOUT, counted by the transport's
+// own checks rather than by the test's clock.
+const silentPings = 7
+
 // TestSilentSenderIsAlive: a sender stops in the middle of a message, striped
 // over data streams or all on the control stream (the small-host default).
 // Its host answers, so the receive waits, past 3 × NCCL_GO_TIMEOUT, with no
@@ -425,21 +432,22 @@ func TestSilentSenderIsAlive(t *testing.T) {
 			require.NoError(t, err)
 			_, err = first.Write(make([]byte, 1000))
 			require.NoError(t, err)
-			until := time.Now().Add(3 * 300 * time.Millisecond)
-			for time.Now().Before(until) {
+			live := &rc.(*recvComm).live
+			deadline := time.Now().Add(30 * time.Second)
+			for live.pings < silentPings {
 				done, err := rc.Test(rq, nil)
 				require.NoError(t, err, "a sender whose host answers is alive, however long it is silent")
 				require.False(t, done)
+				require.True(t, time.Now().Before(deadline), "the liveness check stopped pinging the silent sender's kernel")
 				pace()
 			}
-			assert.NotZero(t, rc.(*recvComm).live.pings, "with a 0.3 s timeout the liveness check must have pinged the peer's kernel")
 			// The sender's process goes away.
 			ctrl.Close()
 			beat.Close()
 			for _, c := range data {
 				c.Close()
 			}
-			deadline := time.Now().Add(10 * time.Second)
+			deadline = time.Now().Add(10 * time.Second)
 			for {
 				done, err := rc.Test(rq, nil)
 				require.False(t, done)
@@ -508,17 +516,19 @@ func TestSilentReceiverIsAlive(t *testing.T) {
 	src := make([]byte, 256<<20)
 	sq, err := s.Isend(bufPtr(src), len(src), 0, 0)
 	require.NoError(t, err)
-	until := time.Now().Add(3 * 300 * time.Millisecond)
-	for time.Now().Before(until) {
+	live := &s.(*sendComm).live
+	deadline := time.Now().Add(30 * time.Second)
+	for live.pings < silentPings {
 		done, _, err := s.Test(sq)
 		require.NoError(t, err, "a receiver whose host answers is alive, however long its window stays closed")
 		require.False(t, done, "256 MiB cannot fit in socket buffers")
+		require.True(t, time.Now().Before(deadline), "the liveness check stopped pinging the silent receiver's kernel")
 		pace()
 	}
 	for _, c := range cs {
 		c.Close()
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for {
 		done, _, err := s.Test(sq)
 		require.False(t, done)

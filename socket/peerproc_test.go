@@ -139,9 +139,12 @@ func TestFrozenPeerIsAliveKilledPeerFails(t *testing.T) {
 
 	// Frozen: the process does not run, its kernel answers. Alive.
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
-	thawAt := time.Now().Add(3 * timeout)
-	_, err = send(func(int) bool { return time.Now().After(thawAt) })
+	live := &s.(*sendComm).live
+	thawAfter := live.pings + silentPings
+	giveUp := time.Now().Add(30 * time.Second)
+	_, err = send(func(int) bool { return live.pings >= thawAfter || time.Now().After(giveUp) })
 	require.NoError(t, err, "a stopped process is alive: its host answers")
+	require.GreaterOrEqual(t, live.pings, thawAfter, "the liveness check stopped pinging the stopped peer's kernel")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 	n, err = send(func(c int) bool { return c >= 8 })
 	require.NoError(t, err, "the thawed peer receives again")

@@ -59,13 +59,14 @@ func TestSlowReceiverIsAlive(t *testing.T) {
 				require.NoError(t, err)
 				require.NotEqual(t, nccl.NoRequest, sq[i])
 			}
-			late := time.Now().Add(3 * time.Second)
-			for time.Now().Before(late) {
+			late := time.Now().Add(30 * time.Second)
+			for s.live.pings < silentPings {
 				for i := range sq {
 					done, _, err := s.Test(sq[i])
 					require.NoError(t, err, "a receiver that has not posted yet is alive: its kernel answers")
 					require.False(t, done, "128 MiB cannot fit in socket buffers")
 				}
+				require.True(t, time.Now().Before(late), "the liveness check stopped pinging the slow receiver's kernel")
 				pace()
 			}
 			var rq [msgs]nccl.Request
