@@ -24,18 +24,7 @@ func TestDataPathAllocFree(t *testing.T) {
 		{"striped-helpers", map[string]string{envNThreads: "2", envIdleInline: "0", envHelpers: "2"}, 1 << 20},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			withEnv(t, c.env)
-			tr := newLoopback()
-			require.NoError(t, tr.Init(nccl.InitContext{Log: nccl.DiscardLogger{}}))
-			defer tr.Finalize()
-			var h nccl.Handle
-			l, err := tr.Listen(0, &h)
-			require.NoError(t, err)
-			defer l.Close()
-			sc, rc := connectAccept(t, tr, l, h)
-			defer sc.Close()
-			defer rc.Close()
-			s, r := sc.(*sendComm), rc.(*recvComm)
+			_, s, r := benchPair(t, c.env)
 			src, dst := make([]byte, c.size), make([]byte, c.size)
 			bufs := []nccl.RecvBuffer{{Data: bufPtr(dst), Size: c.size, Tag: 1}}
 			sizes := make([]int, 1)
