@@ -70,9 +70,9 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 	streams := streamCount(t.log)
 	l := &listener{t: t, log: t.log, opts: readSockOpts(t.log, streams), conns: map[uint64]*incoming{}}
 	l.hello = int64(helloTimeout(t.log))
-	// A connector gives up NCCL_GO_TIMEOUT (timeout.Bound) after it started, before its first
-	// stream arrived here: a connection still incomplete that long after
-	// its first stream never will be.
+	// A connector gives up NCCL_GO_TIMEOUT (timeout.Bound) after it
+	// started, before its first stream arrived here: a connection still
+	// incomplete that long after its first stream never will be.
 	l.partial = int64(timeout.Bound(l.opts.timeout))
 	bind := netip.AddrPortFrom(d.addr.WithZone(""), 0)
 	fd, err := newSocket(bind, l.opts)
