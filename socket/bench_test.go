@@ -12,7 +12,7 @@ import (
 )
 
 // benchPair connects a pair on loopback with the given settings.
-func benchPair(b *testing.B, env map[string]string) (*Transport, *sendComm, *recvComm) {
+func benchPair(b testing.TB, env map[string]string) (*Transport, *sendComm, *recvComm) {
 	b.Helper()
 	withEnv(b, env)
 	tr := newLoopback()

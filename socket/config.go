@@ -1,35 +1,32 @@
 package socket
 
 import (
+	"math"
 	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// Settings. Every one is read here, through nccl.Env*, when a connection is
-// set up (Init/Listen/Connect; NCCL applies nccl.conf with setenv after the
-// library is loaded), never on the data path.
+// Settings. Every variable the transport reads is declared here, and read
+// when a connection is set up (Init/Listen/Connect; NCCL applies nccl.conf
+// with setenv after the library is loaded), never on the data path. The
+// ones ib's handshake reads too (interfaces, family, magic, connect retries)
+// belong to internal/ncclsock, NCCL_GO_TIMEOUT to internal/timeout.
 const (
-	envIfname        = "NCCL_SOCKET_IFNAME"
-	envFamily        = "NCCL_SOCKET_FAMILY"
-	envMagic         = "NCCL_SOCKET_MAGIC"
-	envNThreads      = "NCCL_SOCKET_NTHREADS"
-	envNSocks        = "NCCL_NSOCKS_PERTHREAD"
-	envSndBuf        = "NCCL_SOCKET_SNDBUF"
-	envRcvBuf        = "NCCL_SOCKET_RCVBUF"
-	envRetryCnt      = "NCCL_SOCKET_RETRY_CNT"
-	envRetrySleep    = "NCCL_SOCKET_RETRY_SLEEP_MSEC"
-	envInline        = "NCCL_SOCKET_INLINE"
-	envMinChunk      = "NCCL_SOCKET_MIN_TASKSIZE"
-	envHelloTimeout  = "NCCL_GO_SOCKET_HELLO_TIMEOUT"
-	envIdleInline    = "NCCL_GO_SOCKET_IDLE_INLINE"
-	envHelpers       = "NCCL_GO_SOCKET_HELPERS"
-	defaultMagic     = 0x564ab9f2fc4b9d6c // NCCL's NCCL_SOCKET_MAGIC default
-	defaultRetryCnt  = 34
-	defaultRetrySlp  = 100 * time.Millisecond
+	envNThreads     = "NCCL_SOCKET_NTHREADS"
+	envNSocks       = "NCCL_NSOCKS_PERTHREAD"
+	envSndBuf       = "NCCL_SOCKET_SNDBUF"
+	envRcvBuf       = "NCCL_SOCKET_RCVBUF"
+	envInline       = "NCCL_SOCKET_INLINE"
+	envMinChunk     = "NCCL_SOCKET_MIN_TASKSIZE"
+	envHelloTimeout = "NCCL_GO_SOCKET_HELLO_TIMEOUT"
+	envIdleInline   = "NCCL_GO_SOCKET_IDLE_INLINE"
+	envHelpers      = "NCCL_GO_SOCKET_HELPERS"
+
 	defaultHelloWait = 10 * time.Second
 
 	// defaultNThreads × defaultNSocks streams on a host with at least
@@ -57,60 +54,81 @@ const (
 	// defaultMinChunk: a message is split in chunks of at least this many
 	// bytes (NCCL_SOCKET_MIN_TASKSIZE, NCCL's default 64 KiB).
 	defaultMinChunk = 64 << 10
+
+	defaultHelpers    = 4
+	minCPUsForHelpers = 8
+
+	// auto is NCCL's "pick for me" value of NCCL_SOCKET_NTHREADS and
+	// NCCL_NSOCKS_PERTHREAD (and of our NCCL_GO_SOCKET_HELPERS).
+	auto = -2
 )
 
-// parseMagic reads NCCL_SOCKET_MAGIC: decimal or 0x-hex, as NCCL's own
-// parser; anything else is rejected with the reason.
-func parseMagic(v string) (uint64, error) {
-	v = strings.TrimSpace(v)
-	if v == "" {
-		return defaultMagic, nil
-	}
-	var n uint64
-	var err error
-	if len(v) > 2 && (v[:2] == "0x" || v[:2] == "0X") {
-		n, err = strconv.ParseUint(v[2:], 16, 64)
-	} else {
-		n, err = strconv.ParseUint(v, 10, 64)
-	}
-	if err != nil {
-		return 0, nccl.Errorf(nccl.InvalidArgument, "%s=%q is not a decimal or 0x-hex 64-bit number", envMagic, v)
-	}
-	return n, nil
-}
+var env = ncclenv.NewGroup("socket", logPrefix)
 
-// magic is the configured magic; a malformed value is a WARN and the default.
-func magic(log nccl.Logger) uint64 {
-	v, ok := nccl.LookupEnv(envMagic)
-	if !ok {
-		return defaultMagic
+var (
+	nThreads = env.Int(envNThreads, auto,
+		"data streams per connection, times NCCL_NSOCKS_PERTHREAD (capped at 64); 0: everything on the control stream; -2: auto").
+		ShowDefault("auto (4 with >= 8 CPUs, else 0)")
+	nSocks = env.Int(envNSocks, auto,
+		"data streams per NCCL_SOCKET_NTHREADS; only the product matters; -2: auto (1)").
+		ShowDefault("auto (1)")
+	sndBuf = env.Int(envSndBuf, -1,
+		"SO_SNDBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
+	rcvBuf = env.Int(envRcvBuf, -1,
+		"SO_RCVBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
+	inlineMax = env.Int(envInline, defaultInline,
+		"messages up to this size travel inline on the control stream").In(0, maxInline)
+	idleInlineMax = env.Int(envIdleInline, defaultIdleInline,
+		"a message up to this size that is alone in flight also goes inline; 0: off").In(0, maxInline)
+	minTask = env.Int(envMinChunk, defaultMinChunk,
+		"smallest chunk of a message striped over the data streams").In(4096, 1<<30)
+	helloWait = env.Duration(envHelloTimeout, defaultHelloWait, time.Second,
+		"how long an accepted connection may stay silent before the listener drops it; <= 0: the default")
+	helpers = env.Int(envHelpers, auto,
+		"goroutines per connection end moving striped chunks beside NCCL's thread (at most one per stream); -2: auto").
+		ShowDefault("auto (4 with >= 8 CPUs, else 0)")
+)
+
+// The shared settings' names, for the hints in WARNs.
+var (
+	envIfname     = ncclsock.IfName.Name()
+	envFamily     = ncclsock.SockFamily.Name()
+	envMagic      = ncclsock.Magic.Name()
+	envRetryCnt   = ncclsock.RetryCount.Name()
+	envRetrySleep = ncclsock.RetrySleep.Name()
+	envTimeout    = timeout.Peer.Name()
+)
+
+// magic is NCCL_SOCKET_MAGIC, as NCCL's strtoull reads it; a malformed value
+// is a WARN and the default.
+func magic(log nccl.Logger) uint64 { return ncclsock.ReadMagic(log, logPrefix) }
+
+// peerTimeout is NCCL_GO_TIMEOUT.
+func peerTimeout(log nccl.Logger) time.Duration { return timeout.Read(log, logPrefix) }
+
+// retryPolicy is NCCL's connect retry policy.
+func retryPolicy(log nccl.Logger) ncclsock.Retry { return ncclsock.ReadRetry(log, logPrefix) }
+
+// readAuto reads a count whose -2 means auto; any other negative value is
+// a WARN and auto too. (Not a declared range: its WARN would say "using -2".)
+func readAuto(log nccl.Logger, v *ncclenv.IntVar, autoValue int64) int64 {
+	n := v.Get(log)
+	if n < 0 && n != v.Default() {
+		log.Warnf("%s : ignoring %s=%d: must be >= 0, or -2 for auto; using auto (%d)", logPrefix, v.Name(), n, autoValue)
 	}
-	m, err := parseMagic(v)
-	if err != nil {
-		log.Warnf("NET/GoSocket : %v; using the default %#x", err, uint64(defaultMagic))
-		return defaultMagic
+	if n < 0 {
+		return autoValue
 	}
-	return m
+	return n
 }
 
 // streamCount is NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD, capped at 64.
 // NCCL's "auto" (-2, or unset) picks our measured default; 0 threads means no
 // data streams: every byte goes over the control stream on NCCL's thread.
 func streamCount(log nccl.Logger) int {
-	nt := nccl.EnvInt(log, envNThreads, -2)
-	ns := nccl.EnvInt(log, envNSocks, -2)
-	if nt == -2 {
-		nt = autoThreads(runtime.NumCPU())
-	}
-	if ns == -2 {
-		ns = defaultNSocks
-	}
-	if nt < 0 || ns < 0 {
-		def := autoThreads(runtime.NumCPU())
-		log.Warnf("NET/GoSocket : ignoring %s=%d / %s=%d: must be >= 0 (or -2 for auto); using %d × %d", envNThreads, nt, envNSocks, ns, def, defaultNSocks)
-		nt, ns = def, defaultNSocks
-	}
-	n := nt * ns
+	nt := readAuto(log, nThreads, autoThreads(runtime.NumCPU()))
+	ns := readAuto(log, nSocks, defaultNSocks)
+	n := min(nt, math.MaxInt32) * min(ns, math.MaxInt32) // no overflow
 	if n > maxStreams {
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : %s × %s = %d streams, capped at %d", envNThreads, envNSocks, n, maxStreams)
 		n = maxStreams
@@ -127,51 +145,19 @@ func autoThreads(ncpu int) int64 {
 	return defaultNThreads
 }
 
-// boundedInt reads an integer setting that must lie in [lo, hi]; a value
-// outside is a WARN and the default.
-func boundedInt(log nccl.Logger, name string, def, lo, hi int64) int {
-	n := nccl.EnvInt(log, name, def)
-	if n < lo || n > hi {
-		log.Warnf("NET/GoSocket : ignoring %s=%d: must be in [%d, %d]; using %d", name, n, lo, hi, def)
-		n = def
-	}
-	return int(n)
-}
-
-func inlineLimit(log nccl.Logger) int { return boundedInt(log, envInline, defaultInline, 0, maxInline) }
+func inlineLimit(log nccl.Logger) int { return int(inlineMax.Get(log)) }
 
 // idleInlineLimit is NCCL_GO_SOCKET_IDLE_INLINE; 0 turns the idle rule off.
-func idleInlineLimit(log nccl.Logger) int {
-	return boundedInt(log, envIdleInline, defaultIdleInline, 0, maxInline)
-}
+func idleInlineLimit(log nccl.Logger) int { return int(idleInlineMax.Get(log)) }
 
-func minChunk(log nccl.Logger) int { return boundedInt(log, envMinChunk, defaultMinChunk, 4096, 1<<30) }
+func minChunk(log nccl.Logger) int { return int(minTask.Get(log)) }
 
 func helloTimeout(log nccl.Logger) time.Duration {
-	d := nccl.EnvDuration(log, envHelloTimeout, defaultHelloWait, time.Second)
+	d := helloWait.Get(log)
 	if d <= 0 {
 		d = defaultHelloWait
 	}
 	return d
-}
-
-// retry is NCCL's connect retry policy: on refused / unreachable / timed out,
-// try again up to cnt times, sleeping sleep × attempt (linear backoff).
-type retry struct {
-	cnt   int
-	sleep time.Duration
-}
-
-func retryPolicy(log nccl.Logger) retry {
-	r := retry{cnt: int(nccl.EnvInt(log, envRetryCnt, defaultRetryCnt)),
-		sleep: nccl.EnvDuration(log, envRetrySleep, defaultRetrySlp, time.Millisecond)}
-	if r.cnt < 0 {
-		r.cnt = 0
-	}
-	if r.sleep < 0 {
-		r.sleep = 0
-	}
-	return r
 }
 
 // helperCount is NCCL_GO_SOCKET_HELPERS: goroutines per connection end that
@@ -180,15 +166,7 @@ func retryPolicy(log nccl.Logger) retry {
 // defaultHelpers, on hosts with minCPUsForHelpers CPUs or more; none below,
 // where every extra runnable thread takes a core from NCCL's.
 func helperCount(log nccl.Logger, streams int) int {
-	n := nccl.EnvInt(log, envHelpers, -2)
-	if n == -2 {
-		n = autoHelpers(runtime.NumCPU())
-	}
-	if n < 0 {
-		log.Warnf("NET/GoSocket : ignoring %s=%d: must be >= 0 (or -2 for auto); using %d", envHelpers, n, autoHelpers(runtime.NumCPU()))
-		n = autoHelpers(runtime.NumCPU())
-	}
-	return min(int(n), streams)
+	return min(int(readAuto(log, helpers, autoHelpers(runtime.NumCPU()))), streams)
 }
 
 func autoHelpers(ncpu int) int64 {
@@ -197,11 +175,6 @@ func autoHelpers(ncpu int) int64 {
 	}
 	return defaultHelpers
 }
-
-const (
-	defaultHelpers    = 4
-	minCPUsForHelpers = 8
-)
 
 // livePolicy is how a connection tells a live peer from a dead one, derived
 // from NCCL_GO_TIMEOUT (docs/socket.md, "Liveness"). Every figure is in
@@ -242,15 +215,4 @@ func livePolicyFor(timeout time.Duration) livePolicy {
 	p.keepIdle = int(min(max(timeout/4, time.Second), 32767*time.Second) / time.Second)
 	p.keepCnt = 8
 	return p
-}
-
-// setupBound is how long connection set-up may wait for a peer: connect,
-// and a listener's half-open connections. NCCL_GO_TIMEOUT; when that is off
-// (<= 0, which only disables dead-peer detection), its default, so that no
-// set-up waits forever.
-func setupBound(timeout time.Duration) time.Duration {
-	if timeout > 0 {
-		return timeout
-	}
-	return nccl.DefaultTimeout
 }

@@ -7,6 +7,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -49,7 +52,7 @@ type connectOp struct {
 	addr  string
 	sa    unix.Sockaddr
 	opts  sockOpts
-	pol   retry
+	pol   ncclsock.Retry
 	start int64
 	// deadline: NCCL_GO_TIMEOUT after start (its default when it is off).
 	deadline int64
@@ -66,7 +69,7 @@ type connectOp struct {
 }
 
 func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connectOp {
-	op := &connectOp{id: id, log: log, info: hi, opts: readSockOpts(log, hi.streams), pol: retryPolicy(log), start: now()}
+	op := &connectOp{id: id, log: log, info: hi, opts: readSockOpts(log, hi.streams), pol: retryPolicy(log), start: clock.Now()}
 	scope := 0
 	a := hi.addr.Addr()
 	if a.Is6() && (a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()) {
@@ -75,8 +78,8 @@ func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connect
 	}
 	op.sa = sockaddrOf(hi.addr, scope)
 	op.addr = dialAddr(hi, d)
-	op.deadline = op.start + int64(setupBound(op.opts.timeout))
-	h := hello{magic: magic(log), version: protoVersion, streams: hi.streams, secret: hi.secret, connID: id}
+	op.deadline = op.start + int64(timeout.Bound(op.opts.timeout))
+	h := hello{magic: hi.magic, version: protoVersion, streams: hi.streams, secret: hi.secret, connID: id}
 	op.socks = make([]dialSock, 2+hi.streams)
 	for i := range op.socks {
 		s := &op.socks[i]
@@ -111,7 +114,7 @@ func (op *connectOp) step() {
 	if op.done {
 		return
 	}
-	t := now()
+	t := clock.Now()
 	for i := range op.socks {
 		if s := &op.socks[i]; s.state == dialWait && t >= s.retryAt {
 			op.dial(i, t)
@@ -183,12 +186,12 @@ func (op *connectOp) step() {
 		if op.lastErr != nil {
 			why = "last error: " + op.lastErr.Error()
 		}
-		bound := setupBound(op.opts.timeout)
+		bound := timeout.Bound(op.opts.timeout)
 		op.log.Warnf("NET/GoSocket : connect to %s: %d of %d streams connected within %s=%v; %s; check that the peer "+
 			"is alive and that %s selects an interface that can reach it", op.addr, done, len(op.socks),
-			nccl.EnvTimeout, bound, why, envIfname)
+			envTimeout, bound, why, envIfname)
 		op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: not connected within %s=%v (%s)", op.addr,
-			nccl.EnvTimeout, bound, why))
+			envTimeout, bound, why))
 	}
 }
 
@@ -241,15 +244,15 @@ func (op *connectOp) attemptFailed(i int, err error, t int64) {
 	unix.Close(s.fd)
 	s.fd = -1
 	op.lastErr = err
-	if retryable(err) && s.attempt < op.pol.cnt {
+	if retryable(err) && s.attempt < op.pol.Count {
 		s.attempt++
-		s.retryAt = t + int64(op.pol.sleep)*int64(s.attempt)
+		s.retryAt = t + int64(op.pol.Sleep)*int64(s.attempt)
 		s.state = dialWait
 		return
 	}
 	op.log.Warnf("NET/GoSocket : connect to %s failed after %d retries: %v; check that the peer is alive and "+
 		"that %s selects an interface that can reach it (%s / %s tune the retries, %s bounds them)",
-		op.addr, s.attempt, err, envIfname, envRetryCnt, envRetrySleep, nccl.EnvTimeout)
+		op.addr, s.attempt, err, envIfname, envRetryCnt, envRetrySleep, envTimeout)
 	op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: %w", op.addr, err))
 }
 

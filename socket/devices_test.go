@@ -11,37 +11,22 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
-
-func TestParseMagic(t *testing.T) {
-	for in, want := range map[string]uint64{
-		"":                     defaultMagic,
-		"12345":                12345,
-		"0x1f":                 0x1f,
-		"0XABCDEF0123456789":   0xabcdef0123456789,
-		" 42 ":                 42,
-		"18446744073709551615": ^uint64(0),
-	} {
-		got, err := parseMagic(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	for _, bad := range []string{"0x", "0xZZ", "-1", "12a", "18446744073709551616", "magic"} {
-		_, err := parseMagic(bad)
-		require.Error(t, err, bad)
-		assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err))
-		assert.Contains(t, err.Error(), envMagic)
-	}
-}
 
 func TestMagicFromEnv(t *testing.T) {
 	log := &captureLog{}
 	withEnv(t, map[string]string{envMagic: "0x1234"})
 	assert.Equal(t, uint64(0x1234), magic(log))
+	withEnv(t, map[string]string{envMagic: "0xffffffffffffffff"})
+	assert.Equal(t, ^uint64(0), magic(log), "unsigned 64-bit, as NCCL's strtoull")
+	withEnv(t, map[string]string{envMagic: "010"})
+	assert.Equal(t, uint64(8), magic(log), "a leading 0 is octal, as NCCL's strtoull")
+	assert.Empty(t, log.String())
 	withEnv(t, map[string]string{envMagic: "bogus"})
-	assert.Equal(t, uint64(defaultMagic), magic(log))
-	assert.Contains(t, log.String(), "NCCL_SOCKET_MAGIC")
+	assert.Equal(t, uint64(ncclsock.DefaultMagic), magic(log))
+	assert.Contains(t, log.String(), "NET/GoSocket : ignoring NCCL_SOCKET_MAGIC=bogus")
 }
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -145,10 +130,20 @@ func TestStreamCount(t *testing.T) {
 		{map[string]string{envNThreads: "16", envNSocks: "16"}, 64},
 		{map[string]string{envNThreads: "-2", envNSocks: "-2"}, auto},
 		{map[string]string{envNThreads: "-5"}, auto},
+		{map[string]string{envNThreads: "3", envNSocks: "-1"}, 3},
+		{map[string]string{envNThreads: "0x7fffffffffffffff", envNSocks: "0x7fffffffffffffff"}, 64},
 	} {
 		withEnv(t, c.env)
 		assert.Equal(t, c.want, streamCount(log), "%v", c.env)
 	}
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_SOCKET_NTHREADS=-5: must be >= 0, or -2 for auto")
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_NSOCKS_PERTHREAD=-1: must be >= 0, or -2 for auto; using auto (1)")
+	assert.NotContains(t, log.String(), "=-2", "-2 is auto, not a mistake")
+	withEnv(t, map[string]string{envHelpers: "-1"})
+	assert.Equal(t, min(int(autoHelpers(runtime.NumCPU())), 2), helperCount(log, 2))
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_GO_SOCKET_HELPERS=-1")
+	withEnv(t, map[string]string{envHelpers: "9"})
+	assert.Equal(t, 2, helperCount(log, 2), "at most one helper per stream")
 	assert.Equal(t, int64(0), autoThreads(2), "small hosts: no stream goroutines")
 	assert.Equal(t, int64(0), autoThreads(minCPUsForStreams-1))
 	assert.Equal(t, int64(defaultNThreads), autoThreads(minCPUsForStreams))

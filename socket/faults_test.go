@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -47,7 +48,7 @@ func listenDecoded(t *testing.T, tr *Transport) (nccl.Listener, nccl.Handle, han
 	var h nccl.Handle
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
-	hi, err := decodeHandle(&h, defaultMagic)
+	hi, err := decodeHandle(&h, ncclsock.DefaultMagic)
 	require.NoError(t, err)
 	return l, h, hi
 }
@@ -122,7 +123,7 @@ func TestLinkLocalDialUsesOwnInterface(t *testing.T) {
 // rogueHello writes a hello for stream index of connection connID.
 func rogueHello(t *testing.T, c net.Conn, hi handleInfo, index int, connID uint64, mut func(*hello)) {
 	t.Helper()
-	m := hello{magic: defaultMagic, version: protoVersion, index: index, streams: hi.streams, secret: hi.secret, connID: connID}
+	m := hello{magic: ncclsock.DefaultMagic, version: protoVersion, index: index, streams: hi.streams, secret: hi.secret, connID: connID}
 	if mut != nil {
 		mut(&m)
 	}
@@ -248,7 +249,7 @@ func TestConnectRefusedRetriesThenFails(t *testing.T) {
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	hi := handleInfo{magic: defaultMagic, version: protoVersion, addr: netip_MustParseAddrPort("127.0.0.1:" + itoa(port)),
+	hi := handleInfo{magic: ncclsock.DefaultMagic, version: protoVersion, addr: netip_MustParseAddrPort("127.0.0.1:" + itoa(port)),
 		streams: 2, minChunk: defaultMinChunk}
 	var h nccl.Handle
 	encodeHandle(&h, &hi)
@@ -381,6 +382,13 @@ func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Co
 	return ctrl, beat, data
 }
 
+// silentPings is how many liveness pings a silent peer's kernel must answer
+// before the tests of silent and slow peers end the silence. A ping is written only once the one
+// before was answered and the peer was then silent for NCCL_GO_TIMEOUT/2, so
+// seven of them span at least 3 × NCCL_GO_TIMEOUT, counted by the transport's
+// own checks rather than by the test's clock.
+const silentPings = 7
+
 // TestSilentSenderIsAlive: a sender stops in the middle of a message, striped
 // over data streams or all on the control stream (the small-host default).
 // Its host answers, so the receive waits, past 3 × NCCL_GO_TIMEOUT, with no
@@ -389,7 +397,7 @@ func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Co
 func TestSilentSenderIsAlive(t *testing.T) {
 	for _, streams := range []string{"4", "0"} {
 		t.Run("streams="+streams, func(t *testing.T) {
-			withEnv(t, map[string]string{nccl.EnvTimeout: "0.3", envNThreads: streams})
+			withEnv(t, map[string]string{envTimeout: "0.3", envNThreads: streams})
 			log := &captureLog{}
 			tr := initLoopback(t, log)
 			l, _, hi := listenDecoded(t, tr)
@@ -424,21 +432,22 @@ func TestSilentSenderIsAlive(t *testing.T) {
 			require.NoError(t, err)
 			_, err = first.Write(make([]byte, 1000))
 			require.NoError(t, err)
-			until := time.Now().Add(3 * 300 * time.Millisecond)
-			for time.Now().Before(until) {
+			live := &rc.(*recvComm).live
+			deadline := time.Now().Add(30 * time.Second)
+			for live.pings < silentPings {
 				done, err := rc.Test(rq, nil)
 				require.NoError(t, err, "a sender whose host answers is alive, however long it is silent")
 				require.False(t, done)
+				require.True(t, time.Now().Before(deadline), "the liveness check stopped pinging the silent sender's kernel")
 				pace()
 			}
-			assert.NotZero(t, rc.(*recvComm).live.pings, "with a 0.3 s timeout the liveness check must have pinged the peer's kernel")
 			// The sender's process goes away.
 			ctrl.Close()
 			beat.Close()
 			for _, c := range data {
 				c.Close()
 			}
-			deadline := time.Now().Add(10 * time.Second)
+			deadline = time.Now().Add(10 * time.Second)
 			for {
 				done, err := rc.Test(rq, nil)
 				require.False(t, done)
@@ -491,7 +500,7 @@ func fakeReceiver(t *testing.T, streams int) (nccl.Handle, func() []net.Conn) {
 // 3 × NCCL_GO_TIMEOUT without error, and fails at once when the receiver
 // closes.
 func TestSilentReceiverIsAlive(t *testing.T) {
-	withEnv(t, map[string]string{nccl.EnvTimeout: "0.3"})
+	withEnv(t, map[string]string{envTimeout: "0.3"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
 	h, conns := fakeReceiver(t, 1)
@@ -507,17 +516,19 @@ func TestSilentReceiverIsAlive(t *testing.T) {
 	src := make([]byte, 256<<20)
 	sq, err := s.Isend(bufPtr(src), len(src), 0, 0)
 	require.NoError(t, err)
-	until := time.Now().Add(3 * 300 * time.Millisecond)
-	for time.Now().Before(until) {
+	live := &s.(*sendComm).live
+	deadline := time.Now().Add(30 * time.Second)
+	for live.pings < silentPings {
 		done, _, err := s.Test(sq)
 		require.NoError(t, err, "a receiver whose host answers is alive, however long its window stays closed")
 		require.False(t, done, "256 MiB cannot fit in socket buffers")
+		require.True(t, time.Now().Before(deadline), "the liveness check stopped pinging the silent receiver's kernel")
 		pace()
 	}
 	for _, c := range cs {
 		c.Close()
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for {
 		done, _, err := s.Test(sq)
 		require.False(t, done)

@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -18,7 +19,7 @@ import (
 
 func FuzzDecodeHandle(f *testing.F) {
 	var h nccl.Handle
-	hi := handleInfo{magic: defaultMagic, version: protoVersion, addr: netip.MustParseAddrPort("10.1.2.3:4567"), streams: 4, minChunk: 65536}
+	hi := handleInfo{magic: ncclsock.DefaultMagic, version: protoVersion, addr: netip.MustParseAddrPort("10.1.2.3:4567"), streams: 4, minChunk: 65536}
 	encodeHandle(&h, &hi)
 	f.Add(h[:])
 	hi.addr = netip.MustParseAddrPort("[fe80::1]:80")
@@ -49,11 +50,11 @@ func FuzzDecodeHandle(f *testing.F) {
 }
 
 func FuzzHello(f *testing.F) {
-	want := handleInfo{magic: defaultMagic, version: protoVersion, streams: 3}
+	want := handleInfo{magic: ncclsock.DefaultMagic, version: protoVersion, streams: 3}
 	want.secret[0] = 7
 	var b [helloLen]byte
 	for _, idx := range []int{ctrlIndex, beatIndex, 0, 2, 3} {
-		m := hello{magic: defaultMagic, version: protoVersion, index: idx, streams: 3, secret: want.secret, connID: 5}
+		m := hello{magic: ncclsock.DefaultMagic, version: protoVersion, index: idx, streams: 3, secret: want.secret, connID: 5}
 		m.encode(b[:])
 		f.Add(b[:])
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -57,11 +58,11 @@ func connectAccept(tb testing.TB, tr *Transport, l nccl.Listener, h nccl.Handle)
 // nothing else is set.
 func withEnv(t testing.TB, env map[string]string) {
 	t.Helper()
-	nccl.SetEnvLookup(func(k string) (string, bool) {
+	ncclenv.SetLookup(func(k string) (string, bool) {
 		v, ok := env[k]
 		return v, ok
 	})
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	t.Cleanup(func() { ncclenv.SetLookup(nil) })
 }
 
 // captureLog records everything logged, for checking WARN texts.

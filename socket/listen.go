@@ -9,6 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -68,10 +70,10 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 	streams := streamCount(t.log)
 	l := &listener{t: t, log: t.log, opts: readSockOpts(t.log, streams), conns: map[uint64]*incoming{}}
 	l.hello = int64(helloTimeout(t.log))
-	// A connector gives up setupBound after it started, before its first
-	// stream arrived here: a connection still incomplete that long after
-	// its first stream never will be.
-	l.partial = int64(setupBound(l.opts.timeout))
+	// A connector gives up NCCL_GO_TIMEOUT (timeout.Bound) after it
+	// started, before its first stream arrived here: a connection still
+	// incomplete that long after its first stream never will be.
+	l.partial = int64(timeout.Bound(l.opts.timeout))
 	bind := netip.AddrPortFrom(d.addr.WithZone(""), 0)
 	fd, err := newSocket(bind, l.opts)
 	if err == nil {
@@ -123,7 +125,7 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 	if l.closed {
 		return nil, nccl.Errorf(nccl.InvalidArgument, "accept on a closed listener (%s)", l.addr)
 	}
-	t := now()
+	t := clock.Now()
 	if err := l.acceptNew(t); err != nil {
 		return nil, err
 	}

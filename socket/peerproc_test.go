@@ -74,9 +74,9 @@ func receivingRank() int {
 
 func TestFrozenPeerIsAliveKilledPeerFails(t *testing.T) {
 	const timeout = time.Second
-	withEnv(t, map[string]string{nccl.EnvTimeout: "1"})
+	withEnv(t, map[string]string{envTimeout: "1"})
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), peerRoleEnv+"=recv", nccl.EnvTimeout+"=1")
+	cmd.Env = append(os.Environ(), peerRoleEnv+"=recv", envTimeout+"=1")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -139,9 +139,12 @@ func TestFrozenPeerIsAliveKilledPeerFails(t *testing.T) {
 
 	// Frozen: the process does not run, its kernel answers. Alive.
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
-	thawAt := time.Now().Add(3 * timeout)
-	_, err = send(func(int) bool { return time.Now().After(thawAt) })
+	live := &s.(*sendComm).live
+	thawAfter := live.pings + silentPings
+	giveUp := time.Now().Add(30 * time.Second)
+	_, err = send(func(int) bool { return live.pings >= thawAfter || time.Now().After(giveUp) })
 	require.NoError(t, err, "a stopped process is alive: its host answers")
+	require.GreaterOrEqual(t, live.pings, thawAfter, "the liveness check stopped pinging the stopped peer's kernel")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 	n, err = send(func(c int) bool { return c >= 8 })
 	require.NoError(t, err, "the thawed peer receives again")

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/reqpool"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -22,7 +23,6 @@ type recvReq struct {
 	// ctrlBusy: the inline payload of a message matched to this request is
 	// still arriving on the control stream.
 	ctrlBusy bool
-	active   bool
 	// err: a message was larger than its buffer. The request fails once
 	// every message matched to it is drained (no buffer of a request is
 	// touched after test reported it), and then frees its slot.
@@ -46,9 +46,7 @@ const (
 type recvComm struct {
 	core
 
-	reqs  [nccl.MaxRequests]recvReq
-	free  [nccl.MaxRequests]int8
-	nfree int
+	reqs *reqpool.Pool[recvReq]
 	// postq holds posted receives that still have unmatched buffers, oldest
 	// first: an incoming message always goes to postq's head.
 	postq           [nccl.MaxRequests]int8
@@ -74,14 +72,10 @@ type recvComm struct {
 }
 
 func newRecvComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*recvComm, error) {
-	r := &recvComm{stage: make([]byte, stageSize)}
+	r := &recvComm{stage: make([]byte, stageSize), reqs: reqpool.New[recvReq](nccl.MaxRequests)}
 	if err := r.core.init(cs, hi, o, log, false); err != nil {
 		return nil, err
 	}
-	for i := range r.free {
-		r.free[i] = int8(nccl.MaxRequests - 1 - i)
-	}
-	r.nfree = nccl.MaxRequests
 	return r, nil
 }
 
@@ -94,23 +88,15 @@ func (r *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	if err := r.failed(); err != nil {
 		return nccl.NoRequest, err
 	}
-	n := len(bufs)
-	if n < 1 || n > maxRecvs {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "irecv of %d buffers: the socket transport takes 1 to %d (its maxRecvs)", n, maxRecvs)
-	}
-	if r.nfree == 0 {
+	id, q, ok := r.reqs.Get()
+	if !ok {
 		return nccl.NoRequest, nil
 	}
-	r.nfree--
-	id := r.free[r.nfree]
-	q := &r.reqs[id]
-	q.n, q.matched, q.ctrlBusy, q.err, q.active = n, 0, false, nil, true
+	q.n = len(bufs)
 	for i := range bufs {
 		q.bufs[i] = recvBuf{p: bufs[i].Data, size: bufs[i].Size, tag: bufs[i].Tag}
-		q.filled[i] = false
-		q.sizes[i] = 0
 	}
-	r.postq[(r.postHead+r.postN)%nccl.MaxRequests] = id
+	r.postq[(r.postHead+r.postN)%nccl.MaxRequests] = int8(id)
 	r.postN++
 	return nccl.Request(id), nil
 }
@@ -234,7 +220,7 @@ func (r *recvComm) match() bool {
 	if size > ctrlLen && !r.canStripe() {
 		return false // a stream queue is full: match once it drained
 	}
-	q := &r.reqs[r.postq[r.postHead]]
+	q := r.reqs.At(int(r.postq[r.postHead]))
 	slot := -1
 	for i := 0; i < q.n; i++ {
 		if !q.filled[i] && q.bufs[i].tag == tag {
@@ -283,10 +269,10 @@ func (r *recvComm) match() bool {
 
 // Test implements nccl.RecvComm.
 func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
-	if req < 0 || int(req) >= nccl.MaxRequests || !r.reqs[req].active {
+	q := r.reqs.At(int(req))
+	if q == nil {
 		return false, nccl.Errorf(nccl.InvalidArgument, "test of receive request %d that is not in flight", req)
 	}
-	q := &r.reqs[req]
 	// A receive that only waits for its data streams needs nothing from the
 	// control stream; it still reads it now and then so later messages get
 	// matched (and their chunks queued) while this one drains.
@@ -297,13 +283,7 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 		if err == nil {
 			copy(sizes, q.sizes[:q.n])
 		}
-		q.active = false
-		q.err = nil
-		for i := 0; i < q.n; i++ {
-			q.bufs[i].p = nil
-		}
-		r.free[r.nfree] = int8(req)
-		r.nfree++
+		r.reqs.Put(int(req))
 		return err == nil, err
 	}
 	if err := r.failed(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/reqpool"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -22,7 +23,6 @@ type sendReq struct {
 	off     int // bytes of header + inline payload written
 	seq     uint32
 	striped bool
-	active  bool
 	left    atomic.Int32 // chunks not yet written to the data streams
 }
 
@@ -35,9 +35,7 @@ type sendComm struct {
 	// else is in flight on the connection (see Isend).
 	idleInline int
 
-	reqs  [maxSends]sendReq
-	free  [maxSends]int16
-	nfree int
+	reqs *reqpool.Pool[sendReq]
 
 	// txq holds requests whose header (and inline payload) is not fully
 	// written yet, in message order.
@@ -48,15 +46,11 @@ type sendComm struct {
 }
 
 func newSendComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
-	s := &sendComm{inline: o.inline}
+	s := &sendComm{inline: o.inline, reqs: reqpool.New[sendReq](maxSends)}
 	s.idleInline = max(s.inline, o.idleInline)
 	if err := s.core.init(cs, hi, o, log, true); err != nil {
 		return nil, err
 	}
-	for i := range s.free {
-		s.free[i] = int16(maxSends - 1 - i)
-	}
-	s.nfree = maxSends
 	return s, nil
 }
 
@@ -70,21 +64,19 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if err := s.failed(); err != nil {
 		return nccl.NoRequest, err
 	}
-	if s.nfree == 0 {
+	if s.reqs.InUse() == maxSends {
 		return nccl.NoRequest, nil
 	}
 	// Striping pays when messages queue up; a lone message below
 	// idleInline is latency-bound, and splitting it over streams costs
 	// more syscalls on each side than writing it in one piece.
-	idle := s.nfree == maxSends
+	idle := s.reqs.InUse() == 0
 	striped := size > s.inline && len(s.streams) > 0 && (size > s.idleInline || !idle)
 	if striped && !s.canStripe() {
 		return nccl.NoRequest, nil
 	}
-	s.nfree--
-	id := s.free[s.nfree]
-	r := &s.reqs[id]
-	r.data, r.size, r.off, r.active, r.striped = data, size, 0, true, striped
+	id, r, _ := s.reqs.Get()
+	r.data, r.size, r.striped = data, size, striped
 	r.seq = s.seq
 	s.seq++
 	r.ctrlLen = size
@@ -98,7 +90,7 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if striped {
 		s.stripe(data, 0, size, &r.left)
 	}
-	s.txq[(s.txHead+s.txN)%maxSends] = id
+	s.txq[(s.txHead+s.txN)%maxSends] = int16(id)
 	s.txN++
 	s.progress()
 	return nccl.Request(id), nil
@@ -120,7 +112,7 @@ func (s *sendComm) flushCtrl() {
 	for s.txN > 0 && s.err.Load() == nil {
 		s.iw.reset()
 		for i := 0; i < s.txN && s.iw.n+2 <= maxIov; i++ {
-			r := &s.reqs[s.txq[(s.txHead+i)%maxSends]]
+			r := s.reqs.At(int(s.txq[(s.txHead+i)%maxSends]))
 			if r.off < hdrLen {
 				s.iw.add(unsafe.Pointer(&r.hdr[r.off]), hdrLen-r.off)
 				s.iw.add(r.data, r.ctrlLen)
@@ -138,7 +130,7 @@ func (s *sendComm) flushCtrl() {
 			return
 		}
 		for n > 0 {
-			r := &s.reqs[s.txq[s.txHead]]
+			r := s.reqs.At(int(s.txq[s.txHead]))
 			k := min(n, hdrLen+r.ctrlLen-r.off)
 			r.off += k
 			n -= k
@@ -152,19 +144,17 @@ func (s *sendComm) flushCtrl() {
 
 // Test implements nccl.SendComm.
 func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
-	if req < 0 || int(req) >= maxSends || !s.reqs[req].active {
+	r := s.reqs.At(int(req))
+	if r == nil {
 		return false, 0, nccl.Errorf(nccl.InvalidArgument, "test of send request %d that is not in flight", req)
 	}
-	r := &s.reqs[req]
 	if r.off < hdrLen+r.ctrlLen || r.left.Load() != 0 {
 		s.progress()
 	}
 	if r.off == hdrLen+r.ctrlLen && r.left.Load() == 0 {
-		r.active = false
-		r.data = nil
-		s.free[s.nfree] = int16(req)
-		s.nfree++
-		return true, r.size, nil
+		size := r.size
+		s.reqs.Put(int(req))
+		return true, size, nil
 	}
 	if err := s.failed(); err != nil {
 		return false, 0, err

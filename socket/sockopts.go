@@ -20,9 +20,9 @@ type sockOpts struct {
 // readSockOpts reads the settings of a connection with streams data streams.
 func readSockOpts(log nccl.Logger, streams int) sockOpts {
 	o := sockOpts{
-		sndBuf:     int(nccl.EnvInt(log, envSndBuf, -1)),
-		rcvBuf:     int(nccl.EnvInt(log, envRcvBuf, -1)),
-		timeout:    nccl.PeerTimeout(log),
+		sndBuf:     int(sndBuf.Get(log)),
+		rcvBuf:     int(rcvBuf.Get(log)),
+		timeout:    peerTimeout(log),
 		inline:     inlineLimit(log),
 		idleInline: idleInlineLimit(log),
 		helpers:    helperCount(log, streams),

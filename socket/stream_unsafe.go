@@ -9,13 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
-
-// epoch anchors the monotonic clock of the liveness checks.
-var epoch = time.Now()
-
-func now() int64 { return int64(time.Since(epoch)) }
 
 // core is what both ends of a connection share: the control stream, the
 // liveness stream and the data streams (raw non-blocking descriptors this
@@ -59,7 +55,7 @@ func (c conns) close() {
 // init takes ownership of cs (it closes them on failure).
 func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send bool) error {
 	c.log, c.ctrl, c.chunk = log, cs.ctrl, hi.minChunk
-	c.live = liveness{fd: cs.beat, pol: o.live, next: now() + o.live.period}
+	c.live = liveness{fd: cs.beat, pol: o.live, next: clock.Now() + o.live.period}
 	c.peer = peerName(cs.ctrl)
 	c.streams = make([]*stream, len(cs.data))
 	for i, fd := range cs.data {
@@ -135,7 +131,7 @@ func (c *core) checkLive() liveState {
 	if c.live.calls++; c.live.calls%liveClockEvery != 0 {
 		return liveOK
 	}
-	t := now()
+	t := clock.Now()
 	if !c.live.due(t) {
 		return liveOK
 	}
@@ -147,7 +143,7 @@ func (c *core) checkLive() liveState {
 		c.fail(nccl.SystemError, "connection with %s failed: %v", c.peer, err)
 	} else {
 		c.fail(nccl.SystemError, "the peer %s is unreachable: its host has not answered for %v (%s=%v); the host is down "+
-			"or the network path to it is cut", c.peer, c.live.silentFor().Round(time.Millisecond), nccl.EnvTimeout,
+			"or the network path to it is cut", c.peer, c.live.silentFor().Round(time.Millisecond), envTimeout,
 			time.Duration(c.live.pol.timeout))
 	}
 	return liveDead

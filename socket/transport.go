@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -48,7 +49,7 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 	}
 	devs, how := findDevices(ifs, t.log)
 	if len(devs) == 0 {
-		if v, ok := nccl.LookupEnv(envIfname); ok && len(v) > 1 {
+		if v, ok := ncclenv.Value(envIfname); ok && len(v) > 1 {
 			t.log.Warnf("NET/GoSocket : no interface matches %s=%s (or none is up and running with an address%s); "+
 				"set %s to an interface of this host (see `ip addr`)", envIfname, v, familyHint(t.log), envIfname)
 		} else {
@@ -75,9 +76,9 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 		names[i] = fmt.Sprintf("[%d]%s", i, d)
 	}
 	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : using %s (%s)", strings.Join(names, " "), how)
-	if nccl.PeerTimeout(t.log) <= 0 {
+	if peerTimeout(t.log) <= 0 {
 		t.log.Warnf("NET/GoSocket : %s <= 0: a peer whose host vanishes (power loss, cut link) is never detected; "+
-			"its requests stay pending until NCCL's watchdog; closed or killed peers are still seen", nccl.EnvTimeout)
+			"its requests stay pending until NCCL's watchdog; closed or killed peers are still seen", envTimeout)
 	}
 	t.devs = devs
 	t.pending = map[uint64]*connectOp{}
