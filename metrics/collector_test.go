@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -31,13 +32,13 @@ func TestEveryMetricAfterKnownTraffic(t *testing.T) {
 		d.RequestPosted(Send)
 	}
 	for i := 0; i < 3; i++ {
-		d.RequestDone(Send, 1<<20+7, Now())
+		d.RequestDone(Send, 1<<20+7, clock.Now())
 	}
 	d.RequestFailed(Send, KindOf(nccl.RemoteError))
 	d.RequestPosted(Send)
 	for i := 0; i < 2; i++ {
 		d.RequestPosted(Recv)
-		d.RequestDone(Recv, 4096, Now())
+		d.RequestDone(Recv, 4096, clock.Now())
 	}
 	d.RequestPosted(Recv)
 	d.RequestAbandoned(Recv)
@@ -164,7 +165,7 @@ func TestRequestDoneWithoutStartTimeSkipsHistogram(t *testing.T) {
 
 func TestCountingIsAllocationFree(t *testing.T) {
 	d := newTestDevice(t, "ib", 1)
-	start := Now()
+	start := clock.Now()
 	allocs := testing.AllocsPerRun(1000, func() {
 		d.RequestPosted(Send)
 		d.RequestDone(Send, 4096, start)
@@ -185,7 +186,7 @@ func TestConcurrentCountingIsExact(t *testing.T) {
 			defer func() { done <- struct{}{} }()
 			for i := 0; i < per; i++ {
 				d.RequestPosted(Send)
-				d.RequestDone(Send, 3, Now())
+				d.RequestDone(Send, 3, clock.Now())
 			}
 		}()
 	}
@@ -221,9 +222,9 @@ func TestKindOf(t *testing.T) {
 func TestSummary(t *testing.T) {
 	d := newTestDevice(t, "ib", 2)
 	d.RequestPosted(Send)
-	d.RequestDone(Send, 3_500_000_000, Now())
+	d.RequestDone(Send, 3_500_000_000, clock.Now())
 	d.RequestPosted(Recv)
-	d.RequestDone(Recv, 999, Now())
+	d.RequestDone(Recv, 999, clock.Now())
 	d.CallFailed(Send, ErrSystem)
 	d.Stalled(Recv)
 	var line string

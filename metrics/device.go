@@ -131,7 +131,7 @@ type Device struct {
 func (d *Device) RequestPosted(dir Dir) { d.dir[dir].inflight.Add(1) }
 
 // RequestDone counts a completed request of bytes bytes that was posted at
-// startNs (a monotonic nanosecond clock reading, see Now). startNs 0 means the
+// startNs (an internal/clock.Now reading). startNs 0 means the
 // post time is unknown and the request stays out of the latency histogram.
 func (d *Device) RequestDone(dir Dir, bytes int, startNs int64) {
 	c := &d.dir[dir]
@@ -139,7 +139,7 @@ func (d *Device) RequestDone(dir Dir, bytes int, startNs int64) {
 	c.bytes.Add(uint64(bytes))
 	c.msgs.Add(1)
 	if startNs != 0 {
-		c.latency.observe(Now() - startNs)
+		c.latency.observe(clock.Now() - startNs)
 	}
 }
 
@@ -247,7 +247,3 @@ func Devices() []*Device {
 	defer devices.Unlock()
 	return append([]*Device(nil), devices.list...)
 }
-
-// Now is the plugin's monotonic clock (internal/clock) in nanoseconds, never
-// 0: request start times passed to RequestDone come from it.
-func Now() int64 { return clock.Now() }

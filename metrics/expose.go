@@ -127,6 +127,13 @@ func LocalRank(log nccl.Logger) int {
 	return 0
 }
 
+// BasePort is NCCL_GO_METRICS_PORT (ok false when unset or not an integer
+// >= 0), for tools that find this host's endpoints the way Start opens them.
+func BasePort() (port int, ok bool) {
+	port, _ = envNonNegative(nccl.DiscardLogger{}, settingPort.Name(), "")
+	return port, port >= 0
+}
+
 // envNonNegative reads name as an integer >= 0 (NCCL's integer grammar).
 // set reports whether it has a value at all; a value that is not such an
 // integer gets a WARN (with hint) and n = -1.

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 )
 
 var testInfo = Info{PluginVersion: "test", APIVersion: "v12", Transport: "socket"}
@@ -38,7 +40,7 @@ func TestEndpointServesDeviceCounters(t *testing.T) {
 	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port), "LOCAL_RANK": "0"})
 	d := newTestDevice(t, "socket", 0)
 	d.RequestPosted(Send)
-	d.RequestDone(Send, 12345, Now())
+	d.RequestDone(Send, 12345, clock.Now())
 
 	log := &recLogger{}
 	Start(log, testInfo)
@@ -50,7 +52,7 @@ func TestEndpointServesDeviceCounters(t *testing.T) {
 
 	// Counters are read at scrape time: new traffic shows on the next scrape.
 	d.RequestPosted(Send)
-	d.RequestDone(Send, 5, Now())
+	d.RequestDone(Send, 5, clock.Now())
 	mfs = scrape(t, e.addr)
 	assert.Equal(t, 12350.0, value(t, mfs, "ncclnet_bytes_total", "device", d.Name, "direction", "send"))
 	assert.Empty(t, log.Warns())
@@ -225,7 +227,7 @@ func TestTextfileIsReplacedAtomically(t *testing.T) {
 				return
 			default:
 				d.RequestPosted(Recv)
-				d.RequestDone(Recv, 7, Now())
+				d.RequestDone(Recv, 7, clock.Now())
 			}
 		}
 	}()

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -50,11 +51,11 @@ func (l *recLogger) Warns() []string {
 // (the real environment may hold LOCAL_RANK and friends).
 func setEnv(t *testing.T, vars map[string]string) {
 	t.Helper()
-	nccl.SetEnvLookup(func(name string) (string, bool) {
+	ncclenv.SetLookup(func(name string) (string, bool) {
 		v, ok := vars[name]
 		return v, ok
 	})
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	t.Cleanup(func() { ncclenv.SetLookup(nil) })
 }
 
 // stopAll ends any Start left by a failing test, so the next starts clean.

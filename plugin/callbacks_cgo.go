@@ -9,6 +9,7 @@ import "C"
 import (
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -16,7 +17,7 @@ import (
 // NCCL's profiler callback and the exported tables' optional entries.
 
 func init() {
-	nccl.SetEnvLookup(cLookupEnv)
+	ncclenv.SetLookup(cLookupEnv)
 	onSetup = func(t nccl.Transport) {
 		_, fuses := t.(nccl.VDeviceMaker)
 		C.ncclGoSetVDevice(cBool(fuses))

@@ -3,6 +3,8 @@ package plugin
 import (
 	"fmt"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -75,11 +77,14 @@ func (e *commEntry) register() (uintptr, error) {
 	if e.peer == "" {
 		e.peer = "unknown peer"
 	}
-	slot, gen, ok := comms.add(e, func(slot, gen uint32) { e.slot, e.gen = slot, gen })
+	r, ok := comms.Add(e)
 	if !ok {
 		return 0, nccl.Errorf(nccl.InternalError, "too many open comms (%d)", maxSlots)
 	}
-	return commHandle(e.tag, gen, slot), nil
+	// NCCL cannot use the handle before it is returned, so nothing resolves
+	// e before these are set.
+	e.slot, e.gen = r.Slot, r.Gen
+	return commHandle(e.tag, r.Gen, r.Slot), nil
 }
 
 // lookup resolves a comm handle from NCCL. It is on the data path: two atomic
@@ -89,8 +94,8 @@ func lookup(h uintptr, want uint8) (*commEntry, error) {
 	if tag != want {
 		return nil, badHandle(h, want)
 	}
-	e := comms.get(slot)
-	if e == nil || e.gen != gen || e.tag != want {
+	e := comms.Get(slots.Ref{Slot: slot, Gen: gen})
+	if e == nil || e.tag != want {
 		return nil, badHandle(h, want)
 	}
 	return e, nil
@@ -227,7 +232,7 @@ func netClose(h uintptr, tag uint8) nccl.Result {
 		return fail(call, err)
 	}
 	res := closeEntry(e, h, call)
-	if state.finalizePending.Load() && comms.count() == 0 {
+	if state.finalizePending.Load() && comms.Len() == 0 {
 		finalizeIfIdle()
 	}
 	return res
@@ -241,7 +246,7 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 		return fail(call, err) // cannot happen while e is open: finalize waits for it
 	}
 	defer state.mu.RUnlock()
-	if !comms.remove(e.slot, e) {
+	if comms.Remove(slots.Ref{Slot: e.slot, Gen: e.gen}) == nil {
 		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
 	}
 	var closer interface{ Close() error } = e.listener
@@ -262,7 +267,7 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 			what = fmt.Sprintf("%s comm with %s", e.dir(), e.peer)
 		}
 		log.Warnf("NET/Go : %s: transport %s took %.1fs to close the %s (device %s); NCCL waits for it (%s bounds it, default %v)",
-			call, t.Name(), float64(took)/1e9, what, deviceNameOf(e), nccl.EnvTimeout, nccl.DefaultTimeout)
+			call, t.Name(), float64(took)/1e9, what, deviceNameOf(e), timeout.Peer.Name(), timeout.Default)
 	}
 	return nccl.Success
 }

@@ -3,6 +3,7 @@ package plugin
 import (
 	"unsafe"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -19,7 +20,7 @@ func (e *commEntry) postReq(idx int, id nccl.Request, flush bool, n int, size in
 	// (profStopAll runs whenever a request ends).
 	r.id, r.active, r.flush, r.stalled, r.n, r.size = id, true, flush, false, int32(n), size
 	if e.counting || e.stallWarn > 0 {
-		r.start = metrics.Now()
+		r.start = clock.Now()
 		r.nextWarn = r.start + e.stallWarn
 		r.period = e.stallWarn
 	}
@@ -229,8 +230,9 @@ func lookupRequest(req uintptr) (*commEntry, int, error) {
 	if !ok {
 		return nil, 0, nccl.Errorf(nccl.InvalidArgument, "%#x is not a request handle of this plugin", req)
 	}
-	e := comms.get(commSlot)
-	if e == nil || e.gen&0xffff != commGen || (e.tag != tagSend && e.tag != tagRecv) {
+	// The handle carries 16 bits of the comm's generation: compare those.
+	e, gen32 := comms.Peek(commSlot)
+	if e == nil || gen32&0xffff != commGen || (e.tag != tagSend && e.tag != tagRecv) {
 		return nil, 0, nccl.Errorf(nccl.InvalidArgument, "request %#x belongs to a closed or unknown comm", req)
 	}
 	if idx >= len(e.reqs.slots) {
@@ -301,7 +303,7 @@ func netTest(req uintptr, sizes *int32) (done bool, res nccl.Result) {
 	}
 	if r.stalled {
 		log.Warnf("NET/Go : stalled %s request of %d bytes with %s (device %s) completed after %.1fs",
-			e.dir(), r.size, e.peer, e.deviceName(), float64(metrics.Now()-r.start)/1e9)
+			e.dir(), r.size, e.peer, e.deviceName(), float64(clock.Now()-r.start)/1e9)
 	}
 	e.profStopAll(idx, r)
 	e.reqs.release(idx)
@@ -309,7 +311,7 @@ func netTest(req uintptr, sizes *int32) (done bool, res nccl.Result) {
 }
 
 func (e *commEntry) checkStall(r *reqState) {
-	t := metrics.Now()
+	t := clock.Now()
 	if t < r.nextWarn {
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -54,14 +55,39 @@ var devs struct {
 // netCtx is what v11+ init returns per communicator: the comm config, which v11
 // moved from connect to init.
 type netCtx struct {
-	gen          uint32
 	trafficClass int
 }
 
-var (
-	ctxs  slotTable[netCtx]
-	comms slotTable[commEntry]
+// Handles given to NCCL are integers, never Go pointers (cgo forbids C keeping
+// Go pointers, and a forged or stale value must be detectable). A comm or
+// context handle packs a kind tag with its slots.Ref:
+//
+//	bits 63..56 kind tag | 55..24 generation | 23..0 slot
+//
+// so it is never 0 or 1 and never a valid user-space address. Request handles
+// (requests.go) carry the comm's slot in 16 bits, hence maxSlots.
+const (
+	tagListen = 0x4c // 'L'
+	tagSend   = 0x53 // 'S'
+	tagRecv   = 0x52 // 'R'
+	tagCtx    = 0x43 // 'C': a v11+ per-communicator context
+
+	slotBits = 16
+	maxSlots = 1 << slotBits
 )
+
+var (
+	ctxs  = slots.Table[netCtx]{Limit: maxSlots}
+	comms = slots.Table[commEntry]{Limit: maxSlots}
+)
+
+func commHandle(tag uint8, gen uint32, slot uint32) uintptr {
+	return uintptr(tag)<<56 | uintptr(gen)<<24 | uintptr(slot)
+}
+
+func splitCommHandle(h uintptr) (tag uint8, gen uint32, slot uint32) {
+	return uint8(h >> 56), uint32(h>>24) & 0xffffffff, uint32(h) & 0xffffff
+}
 
 // onSetup runs once per real initialisation, with the chosen transport and
 // before any other thread can see it: the cgo layer points the C tables'
@@ -104,7 +130,7 @@ func chooseTransport() (nccl.Transport, error) {
 	if len(regs) == 0 {
 		return nil, nccl.Errorf(nccl.InternalError, "no transport is registered in this plugin build")
 	}
-	if want := nccl.EnvString("NCCL_GO_TRANSPORT", ""); want != "" {
+	if want := settingTransport.Get(); want != "" {
 		reg, ok := nccl.Lookup(want)
 		if !ok {
 			names := make([]string, len(regs))
@@ -149,7 +175,7 @@ func setupLocked(version int) error {
 	if onSetup != nil {
 		onSetup(t)
 	}
-	state.countMetrics = nccl.EnvBool(log, "NCCL_GO_METRICS", true)
+	state.countMetrics = metrics.Enabled(log)
 	state.stallWarn = readStallWarn()
 	loadDeviceInfo(t)
 	metrics.Start(log, metrics.Info{PluginVersion: Version, APIVersion: fmt.Sprintf("v%d", version), Transport: t.Name()})
@@ -178,31 +204,32 @@ func netInit(version int, withCtx bool, trafficClass int) (ctx uintptr, res nccl
 		return 0, nccl.Success
 	}
 	c := &netCtx{trafficClass: trafficClass}
-	slot, gen, ok := ctxs.add(c, func(_, gen uint32) { c.gen = gen })
+	r, ok := ctxs.Add(c)
 	if !ok {
 		return 0, fail("init", nccl.Errorf(nccl.InternalError, "too many communicators (%d) hold a plugin context", maxSlots))
 	}
 	state.ctxRefs.Add(1)
 	state.finalizePending.Store(false)
-	return commHandle(tagCtx, gen, slot), nccl.Success
+	return commHandle(tagCtx, r.Gen, r.Slot), nccl.Success
 }
 
 // lookupCtx resolves a v11+ context handle.
-func lookupCtx(h uintptr) (*netCtx, uint32, error) {
+func lookupCtx(h uintptr) (*netCtx, slots.Ref, error) {
 	tag, gen, slot := splitCommHandle(h)
-	c := ctxs.get(slot)
-	if tag != tagCtx || c == nil || c.gen != gen {
-		return nil, 0, nccl.Errorf(nccl.InvalidArgument, "%#x is not a live context of this plugin (finalized already, or never returned by init)", h)
+	r := slots.Ref{Slot: slot, Gen: gen}
+	c := ctxs.Get(r)
+	if tag != tagCtx || c == nil {
+		return nil, r, nccl.Errorf(nccl.InvalidArgument, "%#x is not a live context of this plugin (finalized already, or never returned by init)", h)
 	}
-	return c, slot, nil
+	return c, r, nil
 }
 
 func netFinalize(h uintptr) nccl.Result {
-	c, slot, err := lookupCtx(h)
+	_, r, err := lookupCtx(h)
 	if err != nil {
 		return fail("finalize", err)
 	}
-	if !ctxs.remove(slot, c) {
+	if ctxs.Remove(r) == nil {
 		return fail("finalize", nccl.Errorf(nccl.InvalidArgument, "context %#x finalized twice", h))
 	}
 	if state.ctxRefs.Add(-1) > 0 {
@@ -226,7 +253,7 @@ func finalizeIfIdleLocked() {
 	if !state.ready || state.ctxRefs.Load() > 0 {
 		return
 	}
-	if n := comms.count(); n > 0 {
+	if n := comms.Len(); n > 0 {
 		// ncclCommAbort may finalize before the service thread closed every
 		// comm; the last close finishes the job.
 		state.finalizePending.Store(true)

@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -164,7 +166,7 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 	t.Helper()
 	sink := &captureSink{}
 	setSink(sink)
-	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	ncclenv.SetLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	t.Cleanup(func() {
 		state.mu.Lock()
 		state.ready, state.transport = false, nil
@@ -176,21 +178,17 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 		// finalize keep its transport (go test -count=N, -shuffle).
 		clearSlots(&comms)
 		clearSlots(&ctxs)
-		nccl.SetEnvLookup(nil)
+		ncclenv.SetLookup(nil)
 		currentSink.Store(nil)
 	})
 	return sink
 }
 
-func clearSlots[T any](tab *slotTable[T]) {
-	tab.mu.Lock()
-	n := tab.next
-	tab.mu.Unlock()
-	for slot := uint32(0); slot < n; slot++ {
-		if e := tab.get(slot); e != nil {
-			tab.remove(slot, e)
-		}
-	}
+func clearSlots[T any](tab *slots.Table[T]) {
+	tab.Range(func(r slots.Ref, _ *T) bool {
+		tab.Remove(r)
+		return true
+	})
 }
 
 var regSeq int
@@ -232,23 +230,6 @@ func TestHandlesAreNeverNullOrOneAndRoundTrip(t *testing.T) {
 	assert.Equal(t, maxReqSlots-1, idx)
 	ok, _, _, _, _ = splitRequestHandle(1)
 	assert.False(t, ok, "0x1 (NCCL's LL marker) must not decode as a request")
-}
-
-func TestSlotTableReuseBumpsGeneration(t *testing.T) {
-	var tab slotTable[int]
-	a, b := 1, 2
-	s1, g1, ok := tab.add(&a, nil)
-	require.True(t, ok)
-	require.True(t, tab.remove(s1, &a))
-	assert.False(t, tab.remove(s1, &a), "double remove")
-	var bound [2]uint32
-	s2, g2, ok := tab.add(&b, func(slot, gen uint32) { bound = [2]uint32{slot, gen} })
-	require.True(t, ok)
-	assert.Equal(t, s1, s2, "freed slot is reused")
-	assert.NotEqual(t, g1, g2, "with a new generation")
-	assert.Equal(t, [2]uint32{s2, g2}, bound, "bind sees slot and generation")
-	assert.Equal(t, &b, tab.get(s2))
-	assert.Nil(t, tab.get(maxSlots+5))
 }
 
 func TestInitOnceAndV11Refcount(t *testing.T) {
@@ -532,7 +513,7 @@ func BenchmarkIsendTest(b *testing.B) {
 		b.Run(fmt.Sprintf("metrics=%v", on), func(b *testing.B) {
 			f := &fakeTransport{name: "bench", devs: 1}
 			name := register(b, f, 5000+regSeq)
-			nccl.SetEnvLookup(func(k string) (string, bool) {
+			ncclenv.SetLookup(func(k string) (string, bool) {
 				if k == "NCCL_GO_TRANSPORT" {
 					return name, true
 				}
@@ -542,7 +523,7 @@ func BenchmarkIsendTest(b *testing.B) {
 				state.mu.Lock()
 				state.ready, state.transport = false, nil
 				state.mu.Unlock()
-				nccl.SetEnvLookup(nil)
+				ncclenv.SetLookup(nil)
 			}()
 			if _, res := netInit(10, false, -1); res != nccl.Success {
 				b.Fatal(res)

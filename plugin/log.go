@@ -49,7 +49,7 @@ var maxLevel atomic.Int32
 
 func readDebugLevel() {
 	lvl := int32(levelWarn)
-	switch strings.ToUpper(nccl.EnvString("NCCL_DEBUG", "")) {
+	switch strings.ToUpper(settingDebug.Get()) {
 	case "INFO":
 		lvl = levelInfo
 	case "TRACE":

@@ -321,3 +321,33 @@ func TestFinalizeOfStaleContextLeavesTheNewOneAlone(t *testing.T) {
 	require.Equal(t, nccl.Success, netFinalize(keep))
 	assert.Equal(t, 1, f.finals)
 }
+
+// A comm closed while NCCL still holds its handles, whose slot a new comm then
+// takes, must not reach the new comm through the old comm or request handles.
+func TestHandlesOfAClosedCommDoNotReachItsSlotsNextComm(t *testing.T) {
+	initWith(t, &fakeTransport{name: "reuse", devs: 1})
+	oldSend, _, oldSH, _ := connectPair(t)
+	buf := make([]byte, 8)
+	oldReq, res := netIsend(oldSH, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+	require.Equal(t, nccl.Success, res)
+	oldSlot := oldSend.slot
+	require.Equal(t, nccl.Success, netClose(oldSH, tagSend))
+
+	var handle nccl.Handle
+	handle[0] = 1 // the fake connects at once
+	newSH, res := netConnect(0, -1, &handle)
+	require.Equal(t, nccl.Success, res)
+	newSend, err := lookup(newSH, tagSend)
+	require.NoError(t, err)
+	require.Equal(t, oldSlot, newSend.slot, "the freed slot is reused")
+	req, res := netIsend(newSH, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+	require.Equal(t, nccl.Success, res)
+
+	_, res = netIsend(oldSH, unsafe.Pointer(&buf[0]), 8, 0, 7, 0)
+	assert.Equal(t, nccl.InvalidArgument, res, "the closed comm's handle")
+	_, res = netTest(oldReq, nil)
+	assert.Equal(t, nccl.InvalidArgument, res, "the closed comm's request")
+	done, res := netTest(req, nil)
+	assert.Equal(t, nccl.Success, res, "the new comm is untouched")
+	assert.True(t, done)
+}

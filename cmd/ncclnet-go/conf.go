@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 )
 
 // NCCL reads two configuration files at its first use of a setting
@@ -129,7 +129,7 @@ func (c *ncclConf) lookup(name string) (string, string, bool) {
 // install makes the nccl packages read settings as the plugin would inside
 // NCCL.
 func (c *ncclConf) install() {
-	nccl.SetEnvLookup(func(name string) (string, bool) {
+	ncclenv.SetLookup(func(name string) (string, bool) {
 		v, _, ok := c.lookup(name)
 		return v, ok
 	})

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/diag"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -35,7 +36,7 @@ see inside NCCL: the environment, then NCCL_CONF_FILE or ~/.nccl.conf, then
 	}
 	conf := loadConf()
 	conf.install()
-	defer nccl.SetEnvLookup(nil)
+	defer ncclenv.SetLookup(nil)
 	r := diag.Diagnose(nccl.Transports(), diag.Options{SysfsRoot: sysfsRoot})
 	conf.warnProblems(c, "devices")
 	if *asJSON {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -42,7 +43,7 @@ func testEnv(t *testing.T, env map[string]string) (etc, home string) {
 	etcConf, userHome = etc, func() string { return home }
 	t.Cleanup(func() {
 		environ, environNames, etcConf, userHome = savedEnv, savedNames, savedEtc, savedHome
-		nccl.SetEnvLookup(nil)
+		ncclenv.SetLookup(nil)
 	})
 	return etc, home
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 )
 
 func runTop(c *cli, args []string) error {
@@ -49,10 +49,8 @@ with status 1 if no endpoint answered.`)
 	}
 	if len(pos) == 0 {
 		base := 9400
-		if v, ok := nccl.LookupEnv("NCCL_GO_METRICS_PORT"); ok {
-			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 && n+7 <= 65535 {
-				base = n
-			}
+		if n, ok := metrics.BasePort(); ok && n > 0 && n+7 <= 65535 {
+			base = n
 		}
 		pos = []string{fmt.Sprintf("127.0.0.1:%d-%d", base, base+7)}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -96,8 +97,8 @@ func env(t *testing.T, kv ...string) {
 	for i := 0; i+1 < len(kv); i += 2 {
 		m[kv[i]] = kv[i+1]
 	}
-	nccl.SetEnvLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
-	t.Cleanup(func() { nccl.SetEnvLookup(nil) })
+	ncclenv.SetLookup(func(k string) (string, bool) { v, ok := m[k]; return v, ok })
+	t.Cleanup(func() { ncclenv.SetLookup(nil) })
 }
 
 func reg(name string, prio int, t nccl.Transport) nccl.Registration {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -29,7 +30,7 @@ type Options struct {
 // Diagnose runs every registered transport's discovery as the plugin's init
 // would (regs in the order the plugin tries them, NCCL_GO_TRANSPORT
 // honoured), explains each, replays NCCL's NIC fusion on the usable ones, and
-// finalizes them again. Settings are read through nccl.LookupEnv, so the
+// finalizes them again. Settings are read through ncclenv.Lookup, so the
 // caller decides what environment the plugin would see.
 func Diagnose(regs []nccl.Registration, o Options) Report {
 	if o.SysfsRoot == "" {
@@ -54,7 +55,7 @@ func decide(r *Report, regs []nccl.Registration) {
 		r.Why = r.InitError
 		return
 	}
-	r.Forced = nccl.EnvString("NCCL_GO_TRANSPORT", "")
+	r.Forced, _ = ncclenv.Value("NCCL_GO_TRANSPORT") // declared by plugin/config.go
 	if r.Forced != "" {
 		found := false
 		for i := range r.Transports {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -50,7 +51,7 @@ func (p pathType) String() string {
 // first level whose name is a prefix of the value (case-sensitive), and LOC
 // (no fusion) for anything else, set-but-empty included.
 func mergeLevel() (pathType, string) {
-	v, ok := nccl.LookupEnv("NCCL_NET_MERGE_LEVEL")
+	v, ok := ncclenv.Lookup("NCCL_NET_MERGE_LEVEL")
 	if !ok {
 		return pathPORT, ""
 	}
@@ -157,20 +158,20 @@ func numaReader(root string) func(string) int {
 // devices created are appended to devs' owner through the returned Fusion
 // and added devices.
 func PredictVNICs(t nccl.Transport, devs []Device, sysfsRoot string) (*Fusion, []Device) {
-	f := &Fusion{Policy: "ALL", MaxPerNIC: nccl.MaxDevsPerNICV12}
+	f := &Fusion{Policy: "ALL", MaxPerNIC: abi.MaxDevsPerNICV12}
 	lvl, note := mergeLevel()
 	f.Level = lvl.String()
 	if note != "" {
 		f.Notes = append(f.Notes, note)
 	}
-	if v, ok := nccl.LookupEnv("NCCL_NET_MERGE_POLICY"); ok {
+	if v, ok := ncclenv.Lookup("NCCL_NET_MERGE_POLICY"); ok {
 		if strings.EqualFold(v, "RAIL") {
 			f.Policy = "RAIL"
 		} else if !strings.EqualFold(v, "ALL") {
 			f.Notes = append(f.Notes, fmt.Sprintf("NCCL_NET_MERGE_POLICY=%q is neither ALL nor RAIL: NCCL WARNs and uses ALL", v))
 		}
 	}
-	f.Force, _ = nccl.LookupEnv("NCCL_NET_FORCE_MERGE")
+	f.Force, _ = ncclenv.Lookup("NCCL_NET_FORCE_MERGE")
 	vm, ok := t.(nccl.VDeviceMaker)
 	f.Supported = ok
 	if !ok {
