@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -133,7 +134,7 @@ func (h *hello) check(magic, secret uint64) error {
 
 const (
 	maxQPs     = 128 // NCCL_IB_MAX_QPS
-	maxVDevs   = nccl.MaxDevsPerNICV12
+	maxVDevs   = abi.MaxDevsPerNICV12
 	readyMagic = 0x59444552 // "REDY"
 )
 

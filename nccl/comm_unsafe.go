@@ -19,7 +19,7 @@ type Comm interface {
 	// Close must return promptly without waiting for the peer and leak nothing.
 	// It runs on NCCL's thread, which frees the comm's buffers as soon as it
 	// returns, so the glue waits for it: every wait inside must end within
-	// NCCL_GO_TIMEOUT (PeerTimeout), and nothing may touch the buffers after.
+	// NCCL_GO_TIMEOUT, and nothing may touch the buffers after.
 	Close() error
 }
 

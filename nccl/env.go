@@ -91,33 +91,3 @@ func (e Env) warnf(format string, args ...any) {
 	}
 	e.Log.Warnf(format, args...)
 }
-
-// legacyPrefix is what the package-level helpers below WARN with.
-const legacyPrefix = "NET/Go"
-
-// EnvString returns the trimmed value of name, or def when unset or empty.
-//
-// Deprecated: use Env{Log, Prefix}.String, whose WARNs carry your prefix.
-func EnvString(name, def string) string { return Env{}.String(name, def) }
-
-// EnvInt returns name parsed as an integer, or def.
-//
-// Deprecated: use Env{Log, Prefix}.Int; these helpers WARN as "NET/Go".
-func EnvInt(log Logger, name string, def int64) int64 {
-	return Env{Log: log, Prefix: legacyPrefix}.Int(name, def)
-}
-
-// EnvBool returns name as a switch, or def.
-//
-// Deprecated: use Env{Log, Prefix}.Bool; these helpers WARN as "NET/Go".
-func EnvBool(log Logger, name string, def bool) bool {
-	return Env{Log: log, Prefix: legacyPrefix}.Bool(name, def)
-}
-
-// EnvDuration returns name as a duration (a bare number in unit, or Go
-// syntax), or def.
-//
-// Deprecated: use Env{Log, Prefix}.Duration; these helpers WARN as "NET/Go".
-func EnvDuration(log Logger, name string, def, unit time.Duration) time.Duration {
-	return Env{Log: log, Prefix: legacyPrefix}.Duration(name, def, unit)
-}

@@ -33,13 +33,13 @@ func TestEnvParsing(t *testing.T) {
 	env := map[string]string{"A": " 0x10 ", "B": "abc", "C": "yes", "D": "2.5", "E": "150ms"}
 	SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	defer SetEnvLookup(nil)
-	l := &WriterLogger{W: io.Discard}
-	assert.EqualValues(t, 16, EnvInt(l, "A", 1))
-	assert.EqualValues(t, 7, EnvInt(l, "B", 7), "malformed value falls back to the default")
-	assert.EqualValues(t, 3, EnvInt(l, "MISSING", 3))
-	assert.True(t, EnvBool(l, "C", false))
-	assert.Equal(t, "2.5s", EnvDuration(l, "D", 0, 1e9).String())
-	assert.Equal(t, "150ms", EnvDuration(l, "E", 0, 1e9).String())
+	e := Env{Log: &WriterLogger{W: io.Discard}, Prefix: "NET/Test"}
+	assert.EqualValues(t, 16, e.Int("A", 1))
+	assert.EqualValues(t, 7, e.Int("B", 7), "malformed value falls back to the default")
+	assert.EqualValues(t, 3, e.Int("MISSING", 3))
+	assert.True(t, e.Bool("C", false))
+	assert.Equal(t, "2.5s", e.Duration("D", 0, 1e9).String())
+	assert.Equal(t, "150ms", e.Duration("E", 0, 1e9).String())
 }
 
 func TestRegistryOrderAndDuplicates(t *testing.T) {

@@ -2,8 +2,6 @@ package nccl
 
 import (
 	"strconv"
-
-	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 )
 
 // Limits and constants of the NCCL net API.
@@ -15,15 +13,6 @@ const (
 	MaxCollSize     = 512 << 20
 
 	TrafficClassUndef = -1 // ConnectOptions.TrafficClass when NCCL gave none
-)
-
-// ABI details that do not belong to the version-free contract; they forward
-// to internal/abi until every caller has switched.
-const (
-	// Deprecated: an ABI v9-v11 limit the glue enforces; see internal/abi.
-	MaxDevsPerNIC = abi.MaxDevsPerNIC
-	// Deprecated: an ABI v12 limit the glue enforces; see internal/abi.
-	MaxDevsPerNICV12 = abi.MaxDevsPerNICV12
 )
 
 // PtrType is a bit set of NCCL_PTR_* values: the memory kinds a device can
@@ -111,7 +100,4 @@ type Request int32
 
 const (
 	NoRequest Request = -1
-	// Deprecated: request ids are no longer bounded (any non-negative value
-	// works). Kept until every package stops referring to it.
-	MaxRequestID Request = 1023
 )

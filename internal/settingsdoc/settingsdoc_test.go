@@ -48,16 +48,24 @@ func TestEveryDeclaredSettingIsDocumented(t *testing.T) {
 		assert.True(t, docs[s.Name], "%s (declared by %s) has no row in docs/configuration.md", s.Name, s.Owner)
 		assert.NotEmpty(t, s.Doc, "%s has no one-line doc", s.Name)
 	}
-	// What the docs list but no package declares yet: the packages still read
-	// through the nccl.Env* helpers (the consolidation pass switches them).
+	// Rows for variables no package declares: NCCL's own, which the docs
+	// explain because they decide whether and how NCCL uses the plugin
+	// (internal/diag reads the merge ones raw, as NCCL does), and one the ib
+	// transport no longer reads but still WARNs about. Any other documented
+	// name must be declared, so a row cannot outlive its setting.
+	notDeclared := map[string]bool{
+		"NCCL_DEBUG_SUBSYS": true, "NCCL_NET": true, "NCCL_NET_PLUGIN": true, "NCCL_NET_GDR_LEVEL": true,
+		"NCCL_NET_FORCE_MERGE": true, "NCCL_NET_MERGE_LEVEL": true, "NCCL_GO_IB_CONNECT_TIMEOUT": true,
+	}
 	var pending []string
 	for name := range docs {
 		if _, ok := ncclenv.Find(name); !ok && strings.HasPrefix(name, "NCCL_") {
+			assert.True(t, notDeclared[name], "%s has a row in docs/configuration.md but no package declares it", name)
 			pending = append(pending, name)
 		}
 	}
 	sort.Strings(pending)
-	t.Logf("documented, not yet declared in the registry (%d): %s", len(pending), strings.Join(pending, " "))
+	t.Logf("documented, not declared (NCCL's own or retired) (%d): %s", len(pending), strings.Join(pending, " "))
 }
 
 func TestNoSettingIsDeclaredTwice(t *testing.T) {
