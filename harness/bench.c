@@ -84,17 +84,6 @@ static double cpu_seconds(void) {
          (double)ru.ru_stime.tv_usec / 1e6;
 }
 
-static int thread_count(void) {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (f == NULL) return -1;
-  char line[256];
-  int n = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "Threads: %d", &n) == 1) break;
-  fclose(f);
-  return n;
-}
-
 static void meter_start(meter_t* m) {
   m->threads = 0;
   m->cpu0 = cpu_seconds();
@@ -103,7 +92,7 @@ static void meter_start(meter_t* m) {
 
 /* Samples the thread count at a point where every thread of the method exists. */
 static void meter_sample(meter_t* m) {
-  int t = thread_count();
+  int t = count_threads();
   if (t > m->threads) m->threads = t;
 }
 

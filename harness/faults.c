@@ -153,17 +153,6 @@ static int count_fds(void) {
   return n - 1; /* the directory's own descriptor */
 }
 
-static int count_threads(void) {
-  FILE* f = fopen("/proc/self/status", "r");
-  if (f == NULL) return -1;
-  char line[256];
-  int n = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, "Threads: %d", &n) == 1) break;
-  fclose(f);
-  return n;
-}
-
 /* NCCL_GO_TIMEOUT as seconds: a number, or a number with s / ms / m, as the
  * plugin accepts; 300 when unset. NAN when this driver cannot read it. */
 static double env_peer_timeout(void) {

@@ -38,6 +38,13 @@ void buf_free(void* p, size_t len);
 void pattern_fill(void* buf, size_t len, uint64_t seed);
 /* Returns the offset of the first wrong byte, or -1 when all len bytes match. */
 long long pattern_check(const void* buf, size_t len, uint64_t seed);
+/* Sends (out) or receives exactly len bytes, retrying EINTR; with MSG_DONTWAIT
+ * in flags, EAGAIN busy-polls with sched_yield(). 0, or -1 on error or on EOF
+ * before len bytes. send() always adds MSG_NOSIGNAL. The buffer is only read
+ * when out. */
+int sock_io_all(int fd, void* buf, size_t len, bool out, int flags);
+/* This process's thread count from /proc/self/status (-1 when unknown). */
+int count_threads(void);
 /* Available memory in bytes from /proc/meminfo (0 when unknown). */
 uint64_t mem_available(void);
 const char* result_str(ncclResult_t r);

@@ -67,19 +67,8 @@ bool past_deadline(rank_t* r) {
   return r->deadline_ns != 0 && now > r->deadline_ns;
 }
 
-static int write_all(int fd, const void* buf, size_t len) {
-  const char* p = buf;
-  while (len > 0) {
-    ssize_t k = send(fd, p, len, MSG_NOSIGNAL);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
+/* The control channel's writes block: frames are small and the peer reads them. */
+static int write_all(int fd, const void* buf, size_t len) { return sock_io_all(fd, (void*)buf, len, true, 0); }
 
 /* Reads exactly len bytes; polls in short slices so a failed peer or a passed
  * deadline ends the wait. Returns 0, -1 on error/EOF, -2 on timeout, -3 when

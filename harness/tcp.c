@@ -2,11 +2,9 @@
  * send/recv, and busy-polled non-blocking send/recv (the latency floor a polling loop can reach). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -58,70 +56,13 @@ int tcp_connect(int port, double timeout_s) {
   }
 }
 
-int tcp_send_all(int fd, const void* buf, size_t len) {
-  const char* p = buf;
-  while (len > 0) {
-    ssize_t k = send(fd, p, len, MSG_NOSIGNAL);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
+/* The send side only reads the buffer: sock_io_all takes void* for both. */
+int tcp_send_all(int fd, const void* buf, size_t len) { return sock_io_all(fd, (void*)buf, len, true, 0); }
 
-int tcp_recv_all(int fd, void* buf, size_t len) {
-  char* p = buf;
-  while (len > 0) {
-    ssize_t k = recv(fd, p, len, 0);
-    if (k == 0) return -1;
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
+int tcp_recv_all(int fd, void* buf, size_t len) { return sock_io_all(fd, buf, len, false, 0); }
 
 /* The busy-polled variants: MSG_DONTWAIT on every call, sched_yield() when the
  * socket had nothing, the same loop shape as the plugin's NCCL-style polling. */
-int tcp_send_poll(int fd, const void* buf, size_t len) {
-  const char* p = buf;
-  while (len > 0) {
-    ssize_t k = send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        sched_yield();
-        continue;
-      }
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
+int tcp_send_poll(int fd, const void* buf, size_t len) { return sock_io_all(fd, (void*)buf, len, true, MSG_DONTWAIT); }
 
-int tcp_recv_poll(int fd, void* buf, size_t len) {
-  char* p = buf;
-  while (len > 0) {
-    ssize_t k = recv(fd, p, len, MSG_DONTWAIT);
-    if (k == 0) return -1;
-    if (k < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        sched_yield();
-        continue;
-      }
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    p += k;
-    len -= (size_t)k;
-  }
-  return 0;
-}
+int tcp_recv_poll(int fd, void* buf, size_t len) { return sock_io_all(fd, buf, len, false, MSG_DONTWAIT); }

@@ -1,10 +1,13 @@
-/* util.c: clocks, buffers, verifiable data patterns and small formatting helpers. */
+/* util.c: clocks, buffers, verifiable data patterns, whole-buffer socket I/O, /proc
+ * counters and small parsing and formatting helpers. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "harness.h"
@@ -77,6 +80,36 @@ long long pattern_check(const void* buf, size_t len, uint64_t seed) {
       if (((const uint8_t*)&v)[k] != b[words * 8 + k]) return (long long)(words * 8 + k);
   }
   return -1;
+}
+
+int sock_io_all(int fd, void* buf, size_t len, bool out, int flags) {
+  char* p = buf;
+  while (len > 0) {
+    ssize_t k = out ? send(fd, p, len, MSG_NOSIGNAL | flags) : recv(fd, p, len, flags);
+    if (k == 0 && !out) return -1; /* EOF before len bytes */
+    if (k < 0) {
+      if ((flags & MSG_DONTWAIT) && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        sched_yield();
+        continue;
+      }
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    p += k;
+    len -= (size_t)k;
+  }
+  return 0;
+}
+
+int count_threads(void) {
+  FILE* f = fopen("/proc/self/status", "r");
+  if (f == NULL) return -1;
+  char line[256];
+  int n = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "Threads: %d", &n) == 1) break;
+  fclose(f);
+  return n;
 }
 
 uint64_t mem_available(void) {
