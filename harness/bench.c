@@ -609,16 +609,9 @@ done:
 }
 
 int cmd_bench(const opts_t* o) {
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  shm_t* s = shm_create();
-  char err[WHY_LEN];
-  if (s == NULL) return 2;
-  int v = pick_version(o, s, err, sizeof err);
-  if (v < 0) {
-    fprintf(stderr, "bench: %s\n", err);
-    return 1;
-  }
-  memset(s->text, 0, sizeof s->text);
+  shm_t* s;
+  int v, rc = cmd_start(o, "bench", &s, &v);
+  if (rc != 0) return rc;
   bench_arg_t a = {o, v, strcmp(o->bench_what, "bw") != 0, strcmp(o->bench_what, "lat") != 0,
                    LAT_SIZES, NLAT, BW_SIZES, NBW, o->iters_set ? o->iters : 0};
   if (o->size_set) {

@@ -256,6 +256,11 @@ int mbox_take(rank_t* r, int ch, void* data, size_t len);
 
 /* Chooses the version for transfer/bench: --version, else the newest exported. */
 int pick_version(const opts_t* o, shm_t* shm, char* err, size_t errlen);
+/* The start of transfer and bench: line-buffered stdout (scripts read it as it
+ * comes), the shared memory, the version (pick_version), empty text slots. 0, or
+ * the command's exit code (2: no shared memory; 1: no usable version, said on
+ * stderr after "CMD: "). */
+int cmd_start(const opts_t* o, const char* cmd, shm_t** shm, int* version);
 
 /* --------------------------------------------- shared by transfer and bench */
 

@@ -71,6 +71,22 @@ void link_down(net_t* n, link_t* l) {
   memset(l, 0, sizeof *l);
 }
 
+int cmd_start(const opts_t* o, const char* cmd, shm_t** shm, int* version) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  shm_t* s = shm_create();
+  if (s == NULL) return 2;
+  char err[WHY_LEN];
+  int v = pick_version(o, s, err, sizeof err);
+  if (v < 0) {
+    fprintf(stderr, "%s: %s\n", cmd, err);
+    return 1;
+  }
+  memset(s->text, 0, sizeof s->text);
+  *shm = s;
+  *version = v;
+  return 0;
+}
+
 /* The parent must not dlopen a Go library (it forks afterwards), so a
  * throw-away child looks at the exported symbols. */
 int pick_version(const opts_t* o, shm_t* shm, char* err, size_t errlen) {

@@ -153,20 +153,13 @@ done:
 }
 
 int cmd_transfer(const opts_t* o) {
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  shm_t* s = shm_create();
-  char err[WHY_LEN];
-  if (s == NULL) return 2;
-  int v = pick_version(o, s, err, sizeof err);
-  if (v < 0) {
-    fprintf(stderr, "transfer: %s\n", err);
-    return 1;
-  }
+  shm_t* s;
+  int v, rc = cmd_start(o, "transfer", &s, &v);
+  if (rc != 0) return rc;
   if (o->size > NCCL_MAX_NET_SIZE) {
     fprintf(stderr, "transfer: --size %zu is above 1 GiB, the most NCCL puts in one isend\n", o->size);
     return 2;
   }
-  memset(s->text, 0, sizeof s->text);
   xfer_arg_t a = {o, v};
   double limit = o->timeout > 0 ? o->timeout : 300;
   pair_outcome_t out;
