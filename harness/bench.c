@@ -134,8 +134,18 @@ static int median_round(const double v[ROUNDS]) {
 
 /* ------------------------------------------------ NCCL-like request polling */
 
-/* Tests req until done; a pass that did not complete it yields, as NCCL's
- * proxy does when a progress pass found nothing to do. */
+/* A polling pass that found nothing to do: yields, as NCCL's proxy does; -1
+ * with late as the reason once the check's deadline has passed. */
+static int idle_pass(bench_t* b, const char* late) {
+  if (past_deadline(b->r)) {
+    snprintf(b->why, sizeof b->why, "%s", late);
+    return -1;
+  }
+  sched_yield();
+  return 0;
+}
+
+/* Tests req until done; a pass that did not complete it is an idle pass. */
 static int wait_yield(bench_t* b, void* req) {
   int done = 0, got[1];
   while (!done) {
@@ -146,13 +156,7 @@ static int wait_yield(bench_t* b, void* req) {
       snprintf(b->why, sizeof b->why, "test returned %s%s%s", result_str(res), w[0] ? "; last WARN: " : "", w);
       return -1;
     }
-    if (!done) {
-      if (past_deadline(b->r)) {
-        snprintf(b->why, sizeof b->why, "a request did not complete before the deadline");
-        return -1;
-      }
-      sched_yield();
-    }
+    if (!done && idle_pass(b, "a request did not complete before the deadline") != 0) return -1;
   }
   return 0;
 }
@@ -293,13 +297,7 @@ static int plugin_stream(bench_t* b, size_t sz, int count) {
       done++;
       progress = true;
     }
-    if (!progress) {
-      if (past_deadline(b->r)) {
-        snprintf(b->why, sizeof b->why, "bandwidth run did not finish before the deadline");
-        return -1;
-      }
-      sched_yield();
-    }
+    if (!progress && idle_pass(b, "bandwidth run did not finish before the deadline") != 0) return -1;
   }
   return 0;
 }
