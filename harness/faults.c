@@ -860,11 +860,13 @@ typedef struct {
   flink_t l;
   xfer_t x;
   char why[WHY_LEN];
+  atomic_ullong* end_ns; /* set by a scenario that reports how long rank_end took */
 } rstate_t;
 
 /* Closes whatever is still open (requests may be pending: closing them is
  * part of every scenario), finalizes, and tells the parent this rank is done. */
 static int rank_end(rank_t* r, fctx_t* c, rstate_t* st, int rc) {
+  uint64_t t0 = now_ns();
   if (st->why[0]) note(r, c, "%s", st->why);
   set_where(r, "closing");
   xfer_release(&st->n, st->l.comm, &st->x);
@@ -874,79 +876,90 @@ static int rank_end(rank_t* r, fctx_t* c, rstate_t* st, int rc) {
   st->n.table = NULL;
   set_phase(r, c, PH_DONE);
   atomic_store(&r->shm->cur[r->rank], -1);
+  if (st->end_ns) atomic_store(st->end_ns, now_ns() - t0);
   return rc;
+}
+
+/* A scenario's part on one rank, between rank_begin and rank_end: returns the
+ * rank's exit status (0 where an error from the plugin is the parent's to judge). */
+typedef int (*scenario_fn)(rank_t* r, fctx_t* c, rstate_t* st);
+
+typedef struct {
+  fctx_t* c;
+  scenario_fn fn;
+} scenario_arg_t;
+
+/* Every scenario's rank: load and initialize, run its part, and end the same way. */
+static int scenario_rank(rank_t* r, void* arg) {
+  const scenario_arg_t* a = arg;
+  rstate_t st;
+  memset(&st, 0, sizeof st);
+  int rc = rank_begin(r, a->c, &st.n, &st.p, st.why, sizeof st.why) != 0 ? 1 : a->fn(r, a->c, &st);
+  return rank_end(r, a->c, &st, rc);
 }
 
 /* ------------------------------------------------ transfer-like ranks */
 
 /* slow-recv, kill and transfer: connect, move data, let the injector do its
  * work, record what each side saw. */
-static int xfer_rank(rank_t* r, void* arg) {
-  fctx_t* c = arg;
+static int xfer_rank(rank_t* r, fctx_t* c, rstate_t* st) {
   const fopts_t* o = c->o;
   fshm_t* f = c->f;
-  rstate_t st;
-  memset(&st, 0, sizeof st);
-  xfer_t* x = &st.x;
-  if (rank_begin(r, c, &st.n, &st.p, st.why, sizeof st.why) != 0) return rank_end(r, c, &st, 1);
-  if (flink_up(r, c, &st.n, &st.l, 30, st.why, sizeof st.why) != 0) return rank_end(r, c, &st, 1);
+  xfer_t* x = &st->x;
+  if (flink_up(r, c, &st->n, &st->l, 30, st->why, sizeof st->why) != 0) return 1;
   if (r->rank == RECV) { /* NCCL closes the listener once accept succeeded */
-    net_close_listen(&st.n, st.l.lc);
-    st.l.lc = NULL;
+    net_close_listen(&st->n, st->l.lc);
+    st->l.lc = NULL;
   }
   x->size = o->size;
   x->iters = o->iters;
   x->until_error = o->scenario == SC_KILL;
   x->hold = o->scenario == SC_SLOW_RECV && r->rank == RECV ? o->hold : 0;
   if (o->scenario == SC_KILL || o->expect_error) x->give_up = o->within + 5;
-  if (xfer_prepare(r, &st.n, st.l.comm, x, st.why, sizeof st.why) != 0) return rank_end(r, c, &st, 1);
+  if (xfer_prepare(r, &st->n, st->l.comm, x, st->why, sizeof st->why) != 0) return 1;
   set_where(r, "barrier before the transfer");
   if (ctl_barrier(r, 60) != 0) {
-    snprintf(st.why, sizeof st.why, "the other rank did not reach the start barrier");
-    return rank_end(r, c, &st, 1);
+    snprintf(st->why, sizeof st->why, "the other rank did not reach the start barrier");
+    return 1;
   }
-  int k = xfer_run(r, c, &st.n, st.l.comm, x, st.why, sizeof st.why);
+  int k = xfer_run(r, c, &st->n, st->l.comm, x, st->why, sizeof st->why);
   /* An error from the plugin is a fact for the parent to judge, not this rank's failure. */
-  if (k != 0) return rank_end(r, c, &st, k == 1 ? 0 : 1);
+  if (k != 0) return k == 1 ? 0 : 1;
   atomic_store(&f->xfer_ns[r->rank], (unsigned long long)(x->secs * 1e9));
   atomic_store(&f->pending_max_ns[r->rank], (unsigned long long)(x->pending_max * 1e9));
   if (o->scenario == SC_TRANSFER && o->tcp_streams != 0) {
-    xfer_release(&st.n, st.l.comm, x);
-    if (tcp_baseline(r, c, &st.l, (uint64_t)o->size * (uint64_t)o->iters, st.why, sizeof st.why) != 0)
-      return rank_end(r, c, &st, 1);
+    xfer_release(&st->n, st->l.comm, x);
+    if (tcp_baseline(r, c, &st->l, (uint64_t)o->size * (uint64_t)o->iters, st->why, sizeof st->why) != 0)
+      return 1;
   }
-  return rank_end(r, c, &st, 0);
+  return 0;
 }
 
 /* ----------------------------------------------------------- connect */
 
-static int connect_rank(rank_t* r, void* arg) {
-  fctx_t* c = arg;
+static int connect_rank(rank_t* r, fctx_t* c, rstate_t* st) {
   const fopts_t* o = c->o;
   fshm_t* f = c->f;
-  rstate_t st;
-  memset(&st, 0, sizeof st);
-  flink_t* l = &st.l;
+  flink_t* l = &st->l;
   int verdict = 0;
-  if (rank_begin(r, c, &st.n, &st.p, st.why, sizeof st.why) != 0) return rank_end(r, c, &st, 1);
   if (r->rank == RECV) {
-    if (flisten(r, &st.n, l, st.why, sizeof st.why) != 0) return rank_end(r, c, &st, 1);
+    if (flisten(r, &st->n, l, st->why, sizeof st->why) != 0) return 1;
     if (o->scenario == SC_CONNECT_REFUSED) {
       set_where(r, "closing the listener before the peer connects");
-      net_close_listen(&st.n, l->lc);
+      net_close_listen(&st->n, l->lc);
       l->lc = NULL;
     }
-    if (send_handle(r, l) != 0) return rank_end(r, c, &st, 1);
+    if (send_handle(r, l) != 0) return 1;
     set_where(r, "waiting for the connector's outcome");
     if (ctl_recv(r, &verdict, sizeof verdict, o->within + 60) != 0) {
-      snprintf(st.why, sizeof st.why, "no outcome from the connecting rank");
-      return rank_end(r, c, &st, 1);
+      snprintf(st->why, sizeof st->why, "no outcome from the connecting rank");
+      return 1;
     }
-    return rank_end(r, c, &st, 0);
+    return 0;
   }
   if (recv_handle(r, l, 60) != 0) {
-    snprintf(st.why, sizeof st.why, "no listen handle from the other rank");
-    return rank_end(r, c, &st, 1);
+    snprintf(st->why, sizeof st->why, "no listen handle from the other rank");
+    return 1;
   }
   ncclNetDeviceHandle_v8_t* dh = NULL;
   ncclNetCommConfig_v10_t cfg = {NCCL_NET_TRAFFIC_CLASS_UNDEF};
@@ -954,7 +967,7 @@ static int connect_rank(rank_t* r, void* arg) {
   uint64_t t0 = now_ns();
   for (;;) {
     set_where(r, "polling connect (%.1f s; gives up after %.0f s)", secs_since(t0), give_up);
-    ncclResult_t res = net_connect(&st.n, 0, &cfg, l->handle, &l->comm, &dh);
+    ncclResult_t res = net_connect(&st->n, 0, &cfg, l->handle, &l->comm, &dh);
     if (res != ncclSuccess) {
       record_error(r, c, "connect", res);
       verdict = 1;
@@ -971,10 +984,8 @@ static int connect_rank(rank_t* r, void* arg) {
   atomic_store(&f->connect_outcome, verdict);
   ctl_send(r, &verdict, sizeof verdict);
   /* A still-pending connect is abandoned as NCCL abandons it on abort: finalize. */
-  uint64_t t1 = now_ns();
-  int rc = rank_end(r, c, &st, 0);
-  atomic_store(&f->finalize_ns, now_ns() - t1);
-  return rc;
+  st->end_ns = &f->finalize_ns;
+  return 0;
 }
 
 /* ------------------------------------------------------------- stray */
@@ -1109,30 +1120,27 @@ static int warm_up(rank_t* r, net_t* n, char* why, size_t wl) {
   return 0;
 }
 
-static int stray_rank(rank_t* r, void* arg) {
-  fctx_t* c = arg;
+static int stray_rank(rank_t* r, fctx_t* c, rstate_t* st) {
   const fopts_t* o = c->o;
   fshm_t* f = c->f;
-  rstate_t st;
-  memset(&st, 0, sizeof st);
-  flink_t* l = &st.l;
+  flink_t* l = &st->l;
   strays_t strays;
   memset(&strays, 0, sizeof strays);
   int rc = 1;
-  if (rank_begin(r, c, &st.n, &st.p, st.why, sizeof st.why) != 0 || warm_up(r, &st.n, st.why, sizeof st.why) != 0) goto out;
+  if (warm_up(r, &st->n, st->why, sizeof st->why) != 0) goto out;
   int base = count_fds();
   atomic_store(&f->fds_base[r->rank], base);
   int warns0 = atomic_load(&g_warns);
   if (r->rank == RECV) {
-    if (flisten(r, &st.n, l, st.why, sizeof st.why) != 0) goto out;
+    if (flisten(r, &st->n, l, st->why, sizeof st->why) != 0) goto out;
     if (l->nlisten == 0) {
-      snprintf(st.why, sizeof st.why, "listen opened no TCP listening socket this harness can see in /proc/self/net/tcp*");
+      snprintf(st->why, sizeof st->why, "listen opened no TCP listening socket this harness can see in /proc/self/net/tcp*");
       goto out;
     }
     if (send_handle(r, l) != 0) goto out;
   } else {
     if (recv_handle(r, l, 60) != 0) {
-      snprintf(st.why, sizeof st.why, "no listen handle from the other rank");
+      snprintf(st->why, sizeof st->why, "no listen handle from the other rank");
       goto out;
     }
     throw_strays(r, c, l, &strays, "before connect");
@@ -1141,7 +1149,7 @@ static int stray_rank(rank_t* r, void* arg) {
     atomic_store(&f->strays_refused, strays.refused);
   }
   uint64_t t0 = now_ns();
-  if (flink_poll(r, c, &st.n, l, 60, st.why, sizeof st.why) != 0) goto out;
+  if (flink_poll(r, c, &st->n, l, 60, st->why, sizeof st->why) != 0) goto out;
   atomic_store(&f->setup_ns[r->rank], now_ns() - t0);
   /* The listener stays open: more strays come after set-up, while data moves. */
   if (ctl_barrier(r, 60) != 0) goto out;
@@ -1151,22 +1159,22 @@ static int stray_rank(rank_t* r, void* arg) {
     atomic_store(&f->strays_made, strays.made);
     atomic_store(&f->strays_refused, strays.refused);
   }
-  st.x.size = o->size;
-  st.x.iters = o->iters;
-  if (xfer_prepare(r, &st.n, l->comm, &st.x, st.why, sizeof st.why) != 0 || ctl_barrier(r, 60) != 0 ||
-      xfer_run(r, c, &st.n, l->comm, &st.x, st.why, sizeof st.why) != 0)
+  st->x.size = o->size;
+  st->x.iters = o->iters;
+  if (xfer_prepare(r, &st->n, l->comm, &st->x, st->why, sizeof st->why) != 0 || ctl_barrier(r, 60) != 0 ||
+      xfer_run(r, c, &st->n, l->comm, &st->x, st->why, sizeof st->why) != 0)
     goto out;
-  xfer_release(&st.n, l->comm, &st.x);
+  xfer_release(&st->n, l->comm, &st->x);
   if (ctl_barrier(r, 60) != 0) goto out; /* data done on both sides */
   set_where(r, "closing with strays still connected");
-  flink_down(&st.n, l, r->rank);
+  flink_down(&st->n, l, r->rank);
   close_strays(&strays);
   fd_check(r, c, base);
   atomic_store(&f->warns[r->rank], atomic_load(&g_warns) - warns0);
   rc = 0;
 out:
   close_strays(&strays);
-  return rank_end(r, c, &st, rc);
+  return rc;
 }
 
 /* ------------------------------------------------------------- abort */
@@ -1175,16 +1183,12 @@ out:
  * communicator churn do: close/finalize while connect or accept is pending,
  * and with requests in flight. After every round this process's descriptors
  * must be back at the baseline; no round may take longer than --within. */
-static int abort_rank(rank_t* r, void* arg) {
-  fctx_t* c = arg;
+static int abort_rank(rank_t* r, fctx_t* c, rstate_t* st) {
   const fopts_t* o = c->o;
   fshm_t* f = c->f;
-  rstate_t st;
-  memset(&st, 0, sizeof st);
   int rc = 1;
   bool per_comm = c->version >= 11;
-  if (rank_begin(r, c, &st.n, &st.p, st.why, sizeof st.why) != 0 || warm_up(r, &st.n, st.why, sizeof st.why) != 0)
-    return rank_end(r, c, &st, 1);
+  if (warm_up(r, &st->n, st->why, sizeof st->why) != 0) return 1;
   int base = -1, tbase = -1, tmax = 0, late = 0, errors = 0, pending_closed = 0;
   double worst = 0;
   int worst_round = -1;
@@ -1194,7 +1198,7 @@ static int abort_rank(rank_t* r, void* arg) {
   for (int k = 0; k < o->rounds; k++) {
     set_where(r, "round %d: barrier", k);
     if (ctl_barrier(r, 60) != 0) {
-      snprintf(st.why, sizeof st.why, "round %d: the other rank did not reach the barrier", k);
+      snprintf(st->why, sizeof st->why, "round %d: the other rank did not reach the barrier", k);
       goto done;
     }
     atomic_store(&r->shm->cur_start_ns[r->rank], now_ns());
@@ -1202,56 +1206,56 @@ static int abort_rank(rank_t* r, void* arg) {
     uint64_t t0 = now_ns();
     if (per_comm && k > 0) {
       set_where(r, "round %d: init", k);
-      ncclResult_t res = net_init(&st.n, &st.n.ctx, 0x5000 + (uint64_t)k * 2 + (uint64_t)r->rank, false);
+      ncclResult_t res = net_init(&st->n, &st->n.ctx, 0x5000 + (uint64_t)k * 2 + (uint64_t)r->rank, false);
       if (res != ncclSuccess) {
-        snprintf(st.why, sizeof st.why, "round %d: init returned %s", k, result_str(res));
+        snprintf(st->why, sizeof st->why, "round %d: init returned %s", k, result_str(res));
         goto done;
       }
     }
     int kind = per_comm ? k % 2 : 1;
-    memset(&st.l, 0, sizeof st.l);
+    memset(&st->l, 0, sizeof st->l);
     if (kind == 0) {
       /* Abort during set-up: each side polls for a random while, then closes
        * whatever it has and finalizes with the other half maybe pending. */
       double stop = rng_unit(&rng) * 0.02;
       uint64_t t1 = now_ns();
       if (r->rank == RECV) {
-        if (flisten(r, &st.n, &st.l, st.why, sizeof st.why) != 0 || send_handle(r, &st.l) != 0) goto done;
+        if (flisten(r, &st->n, &st->l, st->why, sizeof st->why) != 0 || send_handle(r, &st->l) != 0) goto done;
         set_where(r, "round %d: accept for %.1f ms, then abort", k, stop * 1e3);
-        while (st.l.comm == NULL && secs_since(t1) < stop) {
-          if (net_accept(&st.n, st.l.lc, &st.l.comm, &dh) != ncclSuccess) {
+        while (st->l.comm == NULL && secs_since(t1) < stop) {
+          if (net_accept(&st->n, st->l.lc, &st->l.comm, &dh) != ncclSuccess) {
             errors++;
             break;
           }
         }
       } else {
-        if (recv_handle(r, &st.l, 60) != 0) goto done;
+        if (recv_handle(r, &st->l, 60) != 0) goto done;
         set_where(r, "round %d: connect for %.1f ms, then abort", k, stop * 1e3);
         do {
-          if (net_connect(&st.n, 0, &cfg, st.l.handle, &st.l.comm, &dh) != ncclSuccess) {
+          if (net_connect(&st->n, 0, &cfg, st->l.handle, &st->l.comm, &dh) != ncclSuccess) {
             errors++;
             break;
           }
-        } while (st.l.comm == NULL && secs_since(t1) < stop);
+        } while (st->l.comm == NULL && secs_since(t1) < stop);
       }
-      if (st.l.comm == NULL) pending_closed++;
+      if (st->l.comm == NULL) pending_closed++;
     } else {
       /* Abort with requests in flight. */
-      if (flink_up(r, c, &st.n, &st.l, o->within, st.why, sizeof st.why) != 0) goto done;
-      if (r->rank == RECV && st.l.lc) {
-        net_close_listen(&st.n, st.l.lc);
-        st.l.lc = NULL;
+      if (flink_up(r, c, &st->n, &st->l, o->within, st->why, sizeof st->why) != 0) goto done;
+      if (r->rank == RECV && st->l.lc) {
+        net_close_listen(&st->n, st->l.lc);
+        st->l.lc = NULL;
       }
-      st.x.size = o->size;
-      st.x.iters = FWINDOW;
-      st.x.until_error = true; /* no prefill of every buffer: a ring */
-      if (xfer_prepare(r, &st.n, st.l.comm, &st.x, st.why, sizeof st.why) != 0) goto done;
+      st->x.size = o->size;
+      st->x.iters = FWINDOW;
+      st->x.until_error = true; /* no prefill of every buffer: a ring */
+      if (xfer_prepare(r, &st->n, st->l.comm, &st->x, st->why, sizeof st->why) != 0) goto done;
       void* reqs[FWINDOW];
       int nr = 0;
       for (int i = 0; i < FWINDOW; i++) {
         void* req = NULL;
-        uint8_t* buf = st.x.arena + (size_t)i * st.x.slot;
-        ncclResult_t res = post_req(&st.n, r->rank == SEND, st.l.comm, buf, st.x.size, st.x.mh, &req);
+        uint8_t* buf = st->x.arena + (size_t)i * st->x.slot;
+        ncclResult_t res = post_req(&st->n, r->rank == SEND, st->l.comm, buf, st->x.size, st->x.mh, &req);
         if (res != ncclSuccess) {
           errors++;
           break;
@@ -1267,7 +1271,7 @@ static int abort_rank(rank_t* r, void* arg) {
         for (int i = 0; i < nr; i++) {
           if (reqs[i] == NULL) continue;
           int done = 0, sz = 0;
-          ncclResult_t res = net_test(&st.n, reqs[i], &done, &sz);
+          ncclResult_t res = net_test(&st->n, reqs[i], &done, &sz);
           if (res != ncclSuccess) {
             errors++;
             reqs[i] = NULL;
@@ -1280,16 +1284,16 @@ static int abort_rank(rank_t* r, void* arg) {
       }
       pending_closed += open;
       set_where(r, "round %d: closing with %d requests pending", k, open);
-      xfer_release(&st.n, st.l.comm, &st.x);
+      xfer_release(&st->n, st->l.comm, &st->x);
     }
     set_where(r, "round %d: close", k);
-    flink_down(&st.n, &st.l, r->rank);
+    flink_down(&st->n, &st->l, r->rank);
     if (per_comm) {
       set_where(r, "round %d: finalize", k);
-      ncclResult_t res = net_finalize(&st.n, st.n.ctx);
-      st.n.ctx = NULL;
+      ncclResult_t res = net_finalize(&st->n, st->n.ctx);
+      st->n.ctx = NULL;
       if (res != ncclSuccess) {
-        snprintf(st.why, sizeof st.why, "round %d: finalize returned %s", k, result_str(res));
+        snprintf(st->why, sizeof st->why, "round %d: finalize returned %s", k, result_str(res));
         goto done;
       }
     }
@@ -1313,7 +1317,7 @@ static int abort_rank(rank_t* r, void* arg) {
         fds = count_fds();
       }
       if (fds > base) {
-        snprintf(st.why, sizeof st.why,
+        snprintf(st->why, sizeof st->why,
                  "round %d (%s): %d descriptors open after %s returned, baseline %d; still %d 2 s later (a leak)",
                  k, kind == 0 ? "abort during set-up" : "abort with requests in flight", at_return,
                  per_comm ? "finalize" : "close", base, fds);
@@ -1323,7 +1327,7 @@ static int abort_rank(rank_t* r, void* arg) {
       late++;
     }
     if (secs > o->within) {
-      snprintf(st.why, sizeof st.why, "round %d (%s) took %.2f s, more than --within %.1f s", k,
+      snprintf(st->why, sizeof st->why, "round %d (%s) took %.2f s, more than --within %.1f s", k,
                kind == 0 ? "abort during set-up" : "abort with requests in flight", secs, o->within);
       goto done;
     }
@@ -1339,7 +1343,7 @@ static int abort_rank(rank_t* r, void* arg) {
   atomic_store(&f->worst_round_ns[r->rank], (unsigned long long)(worst * 1e9));
   rc = 0;
 done:
-  return rank_end(r, c, &st, rc);
+  return rc;
 }
 
 /* ------------------------------------------------------------ parent */
@@ -1615,12 +1619,13 @@ static int cmp_dbl(const void* a, const void* b) {
   return x < y ? -1 : x > y;
 }
 
-static int one_run(fctx_t* c, shm_t* s, rank_fn fn, bool inject, pair_outcome_t* out, int* inj_status) {
+static int one_run(fctx_t* c, shm_t* s, scenario_fn fn, bool inject, pair_outcome_t* out, int* inj_status) {
   fshm_reset(c->f);
   memset(s->text, 0, sizeof s->text);
   pid_t inj = inject ? start_injector(c, s, c->o->limit) : -1;
   /* abort restarts the per-check watchdog every round: no bound on the total. */
-  int rc = run_pair(s, fn, c, c->o->limit, c->o->scenario == SC_ABORT ? 0 : c->o->limit + 30, out);
+  scenario_arg_t a = {c, fn};
+  int rc = run_pair(s, scenario_rank, &a, c->o->limit, c->o->scenario == SC_ABORT ? 0 : c->o->limit + 30, out);
   /* A command injector (ip link down; sleep; up) is waited for, so the path
    * is whole again before anything else runs; a SIGSTOP one until its SIGCONT. */
   double wait = c->o->fault == FAULT_CMD ? c->o->limit : c->o->fault == FAULT_STOP ? c->o->hold + 2 : 1;
