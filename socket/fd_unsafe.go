@@ -94,31 +94,34 @@ func (w *iovWriter) flush(fd int) (int, error) {
 	w.msg.SetIovlen(w.n)
 	for {
 		r, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&w.msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		switch e {
-		case 0:
-			return int(r), nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return 0, nil
+		if n, again, err := nonblocking(r, e); !again {
+			return n, err
 		}
-		return 0, e
 	}
+}
+
+// nonblocking decodes a MSG_DONTWAIT send/recv syscall's result: EINTR asks
+// for the call again, EAGAIN is 0 bytes and no error, any other errno is the
+// error. It is small enough to inline: the data path keeps no extra call.
+func nonblocking(r uintptr, e unix.Errno) (n int, again bool, err error) {
+	switch e {
+	case 0:
+		return int(r), false, nil
+	case unix.EINTR:
+		return 0, true, nil
+	case unix.EAGAIN:
+		return 0, false, nil
+	}
+	return 0, false, e
 }
 
 // sendFrom writes up to n bytes from p without blocking; EAGAIN is 0, nil.
 func sendFrom(fd int, p unsafe.Pointer, n int) (int, error) {
 	for {
 		r, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
-		switch e {
-		case 0:
-			return int(r), nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return 0, nil
+		if sent, again, err := nonblocking(r, e); !again {
+			return sent, err
 		}
-		return 0, e
 	}
 }
 
@@ -127,18 +130,11 @@ func sendFrom(fd int, p unsafe.Pointer, n int) (int, error) {
 func recvInto(fd int, p unsafe.Pointer, n int) (got int, eof bool, err error) {
 	for {
 		r, _, e := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
-		switch e {
-		case 0:
-			if r == 0 && n > 0 {
-				return 0, true, nil
-			}
-			return int(r), false, nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			return 0, false, nil
+		var again bool
+		if got, again, err = nonblocking(r, e); !again {
+			// A read of n > 0 bytes that returns 0 without an error is the peer's FIN.
+			return got, got == 0 && e == 0 && n > 0, err
 		}
-		return 0, false, e
 	}
 }
 
