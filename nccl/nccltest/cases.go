@@ -272,51 +272,48 @@ func (h *H) needGroups() int {
 	return n
 }
 
-// groupedSizes mixes empty, small and striped-size messages in one group.
-func groupedSizes(n, round int) []int {
+// groupedRounds returns 16 rounds of n-message groups that mix empty, small
+// and striped-size messages; fill adds round's buffers and sends for sizes.
+func groupedRounds(n int, fill func(g *group, sizes []int, round int)) []group {
 	base := []int{0, 8, 4096, 200, 1 << 20, 65536, 1, 300 << 10}
-	out := make([]int, n)
-	for i := range out {
-		out[i] = base[(i+round)%len(base)]
+	gs := make([]group, 16)
+	for round := range gs {
+		sizes := make([]int, n)
+		for i := range sizes {
+			sizes[i] = base[(i+round)%len(base)]
+		}
+		fill(&gs[round], sizes, round)
 	}
-	return out
+	return gs
 }
 
 func testGroupedDistinct(h *H) {
 	n := h.needGroups()
 	p := h.connect()
-	var gs []group
-	for round := 0; round < 16; round++ {
-		var g group
-		sizes := groupedSizes(n, round)
-		for i := 0; i < n; i++ {
-			g.bufs = append(g.bufs, recvSpec{cap: sizes[i] + 64*round, tag: 100 + i})
+	gs := groupedRounds(n, func(g *group, sizes []int, round int) {
+		for i, sz := range sizes {
+			g.bufs = append(g.bufs, recvSpec{cap: sz + 64*round, tag: 100 + i})
 		}
 		// The sender posts in reverse tag order: each message must still land
 		// in the buffer carrying its tag, not in posting order.
 		for i := n - 1; i >= 0; i-- {
 			g.sends = append(g.sends, sendSpec{size: sizes[i], tag: 100 + i, slot: i})
 		}
-		gs = append(gs, g)
-	}
+	})
 	h.pump(h.newFlow("grouped, distinct tags", p, gs))
 }
 
 func testGroupedEqual(h *H) {
 	n := h.needGroups()
 	p := h.connect()
-	var gs []group
 	// NCCL passes the sender's rank as the tag of every buffer of a group
 	// (one peer per shared comm), so equal tags must fill buffers in order.
-	for round := 0; round < 16; round++ {
-		var g group
-		sizes := groupedSizes(n, round)
-		for i := 0; i < n; i++ {
-			g.bufs = append(g.bufs, recvSpec{cap: sizes[i] + 100, tag: 3})
-			g.sends = append(g.sends, sendSpec{size: sizes[i], tag: 3, slot: i})
+	gs := groupedRounds(n, func(g *group, sizes []int, _ int) {
+		for i, sz := range sizes {
+			g.bufs = append(g.bufs, recvSpec{cap: sz + 100, tag: 3})
+			g.sends = append(g.sends, sendSpec{size: sz, tag: 3, slot: i})
 		}
-		gs = append(gs, g)
-	}
+	})
 	// Groups of different sizes on the same comm, as when subs come and go.
 	for k := 1; k <= n; k++ {
 		var g group
