@@ -258,31 +258,49 @@ int nb_set_ece(struct ibv_qp* qp, const uint32_t* in3) {
 
 #define CHAIN 32
 
-// nb_post_send posts wrs in chains of up to CHAIN WRs built on the stack.
-// On failure *bad is the index of the first WR not posted.
-int nb_post_send(struct ibv_qp* qp, const gosendwr* wrs, int n, int* bad) {
-  struct ibv_send_wr w[CHAIN];
+// LINK_WR sets what send and receive work requests share: the id, the SGE
+// (none when num_sge is 0) and the link to the next WR of a k-long chain.
+#define LINK_WR(w, s, g, i, k)                                                   \
+  do {                                                                           \
+    (w)[i].wr_id = (g)->wr_id;                                                   \
+    (w)[i].next = (i) + 1 < (k) ? &(w)[(i) + 1] : NULL;                          \
+    (s)[i].addr = (g)->sge.addr;                                                 \
+    (s)[i].length = (g)->sge.length;                                             \
+    (s)[i].lkey = (g)->sge.lkey;                                                 \
+    (w)[i].sg_list = (g)->num_sge ? &(s)[i] : NULL;                              \
+    (w)[i].num_sge = (g)->num_sge;                                               \
+  } while (0)
+
+// post_chains posts n WRs, sends (sw) or receives (rw, when sw is NULL), in
+// chains of up to CHAIN WRs built on the stack. On failure *bad is the index
+// of the first WR not posted.
+static int post_chains(struct ibv_qp* qp, const gosendwr* sw, const gorecvwr* rw, int n, int* bad) {
   struct ibv_sge s[CHAIN];
   for (int base = 0; base < n; base += CHAIN) {
-    int k = n - base < CHAIN ? n - base : CHAIN;
-    memset(w, 0, sizeof(struct ibv_send_wr) * k);
-    for (int i = 0; i < k; i++) {
-      const gosendwr* g = &wrs[base + i];
-      w[i].wr_id = g->wr_id;
-      w[i].next = i + 1 < k ? &w[i + 1] : NULL;
-      s[i].addr = g->sge.addr; s[i].length = g->sge.length; s[i].lkey = g->sge.lkey;
-      w[i].sg_list = g->num_sge ? &s[i] : NULL;
-      w[i].num_sge = g->num_sge;
-      w[i].opcode = (enum ibv_wr_opcode)g->opcode;
-      w[i].send_flags = g->flags;
-      w[i].imm_data = htonl(g->imm);
-      w[i].wr.rdma.remote_addr = g->remote_addr;
-      w[i].wr.rdma.rkey = g->rkey;
+    int k = n - base < CHAIN ? n - base : CHAIN, r, posted;
+    if (sw) {
+      struct ibv_send_wr w[CHAIN], *badwr = NULL;
+      memset(w, 0, sizeof(struct ibv_send_wr) * k);
+      for (int i = 0; i < k; i++) {
+        const gosendwr* g = &sw[base + i];
+        LINK_WR(w, s, g, i, k);
+        w[i].opcode = (enum ibv_wr_opcode)g->opcode;
+        w[i].send_flags = g->flags;
+        w[i].imm_data = htonl(g->imm);
+        w[i].wr.rdma.remote_addr = g->remote_addr;
+        w[i].wr.rdma.rkey = g->rkey;
+      }
+      r = ibv_post_send(qp, w, &badwr);
+      posted = badwr ? (int)(badwr - w) : 0;
+    } else {
+      struct ibv_recv_wr w[CHAIN], *badwr = NULL;
+      memset(w, 0, sizeof(struct ibv_recv_wr) * k);
+      for (int i = 0; i < k; i++) LINK_WR(w, s, &rw[base + i], i, k);
+      r = ibv_post_recv(qp, w, &badwr);
+      posted = badwr ? (int)(badwr - w) : 0;
     }
-    struct ibv_send_wr* badwr = NULL;
-    int r = ibv_post_send(qp, w, &badwr);
     if (r) {
-      *bad = base + (badwr ? (int)(badwr - w) : 0);
+      *bad = base + posted;
       return r;
     }
   }
@@ -290,30 +308,9 @@ int nb_post_send(struct ibv_qp* qp, const gosendwr* wrs, int n, int* bad) {
   return 0;
 }
 
-int nb_post_recv(struct ibv_qp* qp, const gorecvwr* wrs, int n, int* bad) {
-  struct ibv_recv_wr w[CHAIN];
-  struct ibv_sge s[CHAIN];
-  for (int base = 0; base < n; base += CHAIN) {
-    int k = n - base < CHAIN ? n - base : CHAIN;
-    memset(w, 0, sizeof(struct ibv_recv_wr) * k);
-    for (int i = 0; i < k; i++) {
-      const gorecvwr* g = &wrs[base + i];
-      w[i].wr_id = g->wr_id;
-      w[i].next = i + 1 < k ? &w[i + 1] : NULL;
-      s[i].addr = g->sge.addr; s[i].length = g->sge.length; s[i].lkey = g->sge.lkey;
-      w[i].sg_list = g->num_sge ? &s[i] : NULL;
-      w[i].num_sge = g->num_sge;
-    }
-    struct ibv_recv_wr* badwr = NULL;
-    int r = ibv_post_recv(qp, w, &badwr);
-    if (r) {
-      *bad = base + (badwr ? (int)(badwr - w) : 0);
-      return r;
-    }
-  }
-  *bad = n;
-  return 0;
-}
+int nb_post_send(struct ibv_qp* qp, const gosendwr* wrs, int n, int* bad) { return post_chains(qp, wrs, NULL, n, bad); }
+
+int nb_post_recv(struct ibv_qp* qp, const gorecvwr* wrs, int n, int* bad) { return post_chains(qp, NULL, wrs, n, bad); }
 
 int nb_poll_cq(struct ibv_cq* cq, gowc* out, int n) {
   struct ibv_wc wc[CHAIN];
