@@ -1482,13 +1482,8 @@ static bool settled(const conf_arg_t* a, shm_t* s, int i) {
 static void read_time_scale(void) {
   const char* v = getenv("NCCLNET_HARNESS_TIME_SCALE");
   if (v == NULL || *v == 0) return;
-  char* end;
-  double f = strtod(v, &end);
-  if (*end != 0 || f < 1.0 || f > 50.0) {
+  if (parse_in_range(v, 1.0, 50.0, &g_time_scale) != 0)
     fprintf(stderr, "ncclnet-harness: ignoring NCCLNET_HARNESS_TIME_SCALE=%s (expected a number from 1 to 50)\n", v);
-    return;
-  }
-  g_time_scale = f;
 }
 
 int cmd_conformance(const opts_t* o) {

@@ -1382,14 +1382,9 @@ static void usage_faults(FILE* out) {
 }
 
 static int parse_num(const char* name, const char* v, double lo, double hi, double* out) {
-  char* end;
-  double x = strtod(v, &end);
-  if (end == v || *end || x < lo || x > hi) {
-    fprintf(stderr, "faults: %s %s: use a number in %g..%g\n", name, v, lo, hi);
-    return -1;
-  }
-  *out = x;
-  return 0;
+  if (*v != 0 && parse_in_range(v, lo, hi, out) == 0) return 0;
+  fprintf(stderr, "faults: %s %s: use a number in %g..%g\n", name, v, lo, hi);
+  return -1;
 }
 
 /* The index of v in words, or -1 after saying what the option takes. */

@@ -48,6 +48,9 @@ int count_threads(void);
 /* Available memory in bytes from /proc/meminfo (0 when unknown). */
 uint64_t mem_available(void);
 const char* result_str(ncclResult_t r);
+/* strtod of all of s, within [lo, hi]: 0, or -1 leaving *out alone. An empty s
+ * reads as 0 (callers that refuse it check *s). */
+int parse_in_range(const char* s, double lo, double hi, double* out);
 int parse_size(const char* s, size_t* out);
 void fmt_size(char* out, size_t outlen, size_t bytes);
 

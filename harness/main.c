@@ -10,6 +10,7 @@
  * `ncclnet-harness faults SCENARIO ...` (faults.c) parses its own arguments.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,14 +77,9 @@ static int parse_versions(const char* s, opts_t* o) {
 }
 
 static int parse_double(const char* name, const char* s, double* out) {
-  char* end;
-  double v = strtod(s, &end);
-  if (*end || v < 0) {
-    fprintf(stderr, "ncclnet-harness: %s: \"%s\" is not a non-negative number\n", name, s);
-    return -1;
-  }
-  *out = v;
-  return 0;
+  if (parse_in_range(s, 0, HUGE_VAL, out) == 0) return 0;
+  fprintf(stderr, "ncclnet-harness: %s: \"%s\" is not a non-negative number\n", name, s);
+  return -1;
 }
 
 int main(int argc, char** argv) {

@@ -139,6 +139,14 @@ const char* result_str(ncclResult_t r) {
   }
 }
 
+int parse_in_range(const char* s, double lo, double hi, double* out) {
+  char* end;
+  double v = strtod(s, &end);
+  if (*end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
 int parse_size(const char* s, size_t* out) {
   char* end;
   errno = 0;

@@ -429,14 +429,9 @@ static void usage(FILE* f) {
 }
 
 static int num(const char* flag, const char* v, double lo, double hi, double* out) {
-  char* end;
-  double d = strtod(v, &end);
-  if (*end || d < lo || d > hi) {
-    fprintf(stderr, "ncclnet-go-selftest: %s %s: expected a number in [%g, %g]\n", flag, v, lo, hi);
-    return -1;
-  }
-  *out = d;
-  return 0;
+  if (parse_in_range(v, lo, hi, out) == 0) return 0;
+  fprintf(stderr, "ncclnet-go-selftest: %s %s: expected a number in [%g, %g]\n", flag, v, lo, hi);
+  return -1;
 }
 
 int main(int argc, char** argv) {
