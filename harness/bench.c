@@ -406,6 +406,15 @@ static void print_verdict(const char* what, double v, double target, bool higher
   printf("  %-52s %7.2f  (target %s %.2f: %s)\n", what, v, higher_better ? ">=" : "<=", target, ok ? "met" : "NOT met");
 }
 
+/* The end of a latency or bandwidth row: both ranks' cpu%/threads in the
+ * method's median round, and the plugin's figure over this method's (blank on
+ * the plugin's own row). */
+static void print_row_end(const usage_t u[2], bool plugin_row, double plugin, double self) {
+  char ratio[32] = "";
+  if (!plugin_row && self > 0) snprintf(ratio, sizeof ratio, "%.2f", plugin / self);
+  printf(" %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
+}
+
 static int bench_lat(bench_t* b, lat_res_t* res) {
   rank_t* r = b->r;
   int nm = b->a->o->plugin_only ? 1 : NLATM;
@@ -431,11 +440,8 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
     double pm = median3(lr->med[LAT_PLUGIN]);
     for (int m = 0; m < nm; m++) {
       double med = median3(lr->med[m]), p99 = median3(lr->p99[m]);
-      const usage_t* u = lr->u[m][median_round(lr->med[m])];
-      char ratio[32] = "";
-      if (m != LAT_PLUGIN && med > 0) snprintf(ratio, sizeof ratio, "%.2f", pm / med);
-      printf("%8s %6d  %-10s %9.2f %9.2f %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", m == 0 ? s1 : "", lat_iters(b->a, sz),
-             LAT_NAME[m], med, p99, u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
+      printf("%8s %6d  %-10s %9.2f %9.2f", m == 0 ? s1 : "", lat_iters(b->a, sz), LAT_NAME[m], med, p99);
+      print_row_end(lr->u[m][median_round(lr->med[m])], m == LAT_PLUGIN, pm, med);
     }
   }
   return 0;
@@ -464,11 +470,8 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
     double pg = median3(br->gbs[BW_PLUGIN]);
     for (int m = 0; m < nm; m++) {
       double g = median3(br->gbs[m]);
-      const usage_t* u = br->u[m][median_round(br->gbs[m])];
-      char ratio[32] = "";
-      if (m != BW_PLUGIN && g > 0) snprintf(ratio, sizeof ratio, "%.2f", pg / g);
-      printf("%8s %6d  %-10s %9.3f %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", m == 0 ? s1 : "", bw_count(sz), BW_NAME[m], g,
-             u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
+      printf("%8s %6d  %-10s %9.3f", m == 0 ? s1 : "", bw_count(sz), BW_NAME[m], g);
+      print_row_end(br->u[m][median_round(br->gbs[m])], m == BW_PLUGIN, pg, g);
     }
   }
   return 0;
