@@ -48,6 +48,7 @@ typedef struct {
   const size_t* bw_sizes;
   int nbw;
   int iters; /* --iters: ping-pongs per latency round, 0 = by size */
+  size_t bw_bytes; /* --bw-bytes: bytes per bandwidth measurement */
 } bench_arg_t;
 
 typedef struct {
@@ -351,14 +352,14 @@ static int tcp_stream(bench_t* b, size_t sz, int count, int streams, meter_t* m)
   return rc ? -1 : 0;
 }
 
-static int bw_count(size_t sz) {
-  int count = (int)(BW_BYTES / sz);
+static int bw_count(const bench_arg_t* a, size_t sz) {
+  int count = (int)(a->bw_bytes / sz);
   return count < 16 ? 16 : count;
 }
 
 /* One bandwidth measurement, rank 1 sending to rank 0; rank 0 gets GB/s. */
 static int run_bw(bench_t* b, int method, size_t sz, double* gbs, usage_t u[2]) {
-  int count = bw_count(sz);
+  int count = bw_count(b->a, sz);
   int warm = 16;
   usage_t mine = {0, 0};
   for (int pass = 0; pass < 2; pass++) {
@@ -399,6 +400,17 @@ static int bw_index(const bench_arg_t* a, size_t sz) {
   for (int i = 0; i < a->nbw; i++)
     if (a->bw_sizes[i] == sz) return i;
   return -1;
+}
+
+/* print_ratio: num / den against its target, or why there is none (no
+ * baseline was measured: --plugin-only). */
+static void print_verdict(const char* what, double v, double target, bool higher_better);
+static void print_ratio(const char* what, double num, double den, double target, bool higher_better) {
+  if (den <= 0 || num <= 0) {
+    printf("  %-52s %7s  (no baseline measured in this run: --plugin-only)\n", what, "-");
+    return;
+  }
+  print_verdict(what, num / den, target, higher_better);
 }
 
 static void print_verdict(const char* what, double v, double target, bool higher_better) {
@@ -470,7 +482,7 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
     double pg = median3(br->gbs[BW_PLUGIN]);
     for (int m = 0; m < nm; m++) {
       double g = median3(br->gbs[m]);
-      printf("%8s %6d  %-10s %9.3f", m == 0 ? s1 : "", bw_count(sz), BW_NAME[m], g);
+      printf("%8s %6d  %-10s %9.3f", m == 0 ? s1 : "", bw_count(b->a, sz), BW_NAME[m], g);
       print_row_end(br->u[m][median_round(br->gbs[m])], m == BW_PLUGIN, pg, g);
     }
   }
@@ -484,7 +496,7 @@ static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_r
     const lat_res_t* l8 = &lat[0];
     double pm = median3(l8->med[LAT_PLUGIN]), pp = median3(l8->p99[LAT_PLUGIN]);
     double poll = median3(l8->med[LAT_TCP_POLL]), poll2 = median3(l8->med[LAT_TCP_POLL2]);
-    print_verdict("8 B round trip, plugin / TCP poll", poll > 0 ? pm / poll : 0, 1.5, false);
+    print_ratio("8 B round trip, plugin / TCP poll", pm, poll, 1.5, false);
     printf("  %-52s %7.2f  (TCP's own cost of NCCL's one-way comms: poll2 / poll = %.2f)\n",
            "8 B round trip, plugin / TCP poll over 2 connections", poll2 > 0 ? pm / poll2 : 0, poll > 0 ? poll2 / poll : 0);
     print_verdict("8 B round trip, plugin p99 / median", pm > 0 ? pp / pm : 0, 3.0, false);
@@ -498,12 +510,12 @@ static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_r
       char what[80], s1[32];
       fmt_size(s1, sizeof s1, x4[k]);
       snprintf(what, sizeof what, "%s bandwidth, plugin / TCP x4", s1);
-      print_verdict(what, t > 0 ? p / t : 0, 1.0, true);
+      print_ratio(what, p, t, 1.0, true);
     }
     if (bw_index(a, 64 << 10) >= 0) {
       const bw_res_t* r64 = &bw[bw_index(a, 64 << 10)];
       double p = median3(r64->gbs[BW_PLUGIN]), t = median3(r64->gbs[BW_TCP1]);
-      print_verdict("64 KiB bandwidth, plugin / TCP x1", t > 0 ? p / t : 0, 1.0, true);
+      print_ratio("64 KiB bandwidth, plugin / TCP x1", p, t, 1.0, true);
     }
     if (bw_index(a, 1 << 20) < 0) return;
     const bw_res_t* r1 = &bw[bw_index(a, 1 << 20)];
@@ -614,7 +626,8 @@ int cmd_bench(const opts_t* o) {
   int v, rc = cmd_start(o, "bench", &s, &v);
   if (rc != 0) return rc;
   bench_arg_t a = {o, v, strcmp(o->bench_what, "bw") != 0, strcmp(o->bench_what, "lat") != 0,
-                   LAT_SIZES, NLAT, BW_SIZES, NBW, o->iters_set ? o->iters : 0};
+                   LAT_SIZES, NLAT, BW_SIZES, NBW, o->iters_set ? o->iters : 0,
+                   o->bw_bytes ? o->bw_bytes : BW_BYTES};
   if (o->size_set) {
     if (o->size == 0 || o->size > (1ull << 30)) {
       fprintf(stderr, "bench: --size must be 1 B to 1 GiB\n");

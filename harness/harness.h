@@ -239,6 +239,7 @@ typedef struct {
   int iters;
   int size_set, iters_set; /* bench, concurrent: given on the command line */
   int plugin_only;          /* bench: no TCP baselines */
+  size_t bw_bytes;          /* bench: bytes per bandwidth measurement, 0 = BW_BYTES */
   double linger;
   const char* bench_what;
   const char* only;   /* conformance: comma-separated check names to run (NULL = all) */
