@@ -497,8 +497,9 @@ static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_r
     double pm = median3(l8->med[LAT_PLUGIN]), pp = median3(l8->p99[LAT_PLUGIN]);
     double poll = median3(l8->med[LAT_TCP_POLL]), poll2 = median3(l8->med[LAT_TCP_POLL2]);
     print_ratio("8 B round trip, plugin / TCP poll", pm, poll, 1.5, false);
-    printf("  %-52s %7.2f  (TCP's own cost of NCCL's one-way comms: poll2 / poll = %.2f)\n",
-           "8 B round trip, plugin / TCP poll over 2 connections", poll2 > 0 ? pm / poll2 : 0, poll > 0 ? poll2 / poll : 0);
+    if (poll2 > 0 && poll > 0)
+      printf("  %-52s %7.2f  (TCP's own cost of NCCL's one-way comms: poll2 / poll = %.2f)\n",
+             "8 B round trip, plugin / TCP poll over 2 connections", pm / poll2, poll2 / poll);
     print_verdict("8 B round trip, plugin p99 / median", pm > 0 ? pp / pm : 0, 3.0, false);
   }
   if (a->bw) {
