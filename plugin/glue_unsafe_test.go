@@ -733,17 +733,8 @@ func (panickyListener) Close() error                   { return nil }
 // finalize would hang).
 func TestPanickingCloseReleasesTheLifetimeLock(t *testing.T) {
 	h := &listenHook{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "panicky", devs: 1}}, l: panickyListener{}}
-	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
-	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
-	t.Cleanup(func() { nccl.Unregister(name) })
-	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
-	_, res := netInit(10, false, -1)
-	require.Equal(t, nccl.Success, res)
-	var handle nccl.Handle
-	lh, res := netListen(0, &handle)
-	require.Equal(t, nccl.Success, res)
-	rh, res := netAccept(lh)
-	require.Equal(t, nccl.Success, res)
+	lh, rh := acceptOnHook(t, h)
+	var res nccl.Result
 	var got any
 	func() {
 		defer func() {

@@ -62,14 +62,35 @@ var hookSeq atomic.Int32
 // version (v11+ returns a context).
 func initHook(t *testing.T, h *hookTransport, version int) (*captureSink, uintptr) {
 	t.Helper()
-	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
+	name := registerHook(t, h)
 	h.name = name
-	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
-	t.Cleanup(func() { nccl.Unregister(name) })
 	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
 	ctx, res := netInit(version, version >= 11, -1)
 	require.Equal(t, nccl.Success, res)
 	return sink, ctx
+}
+
+// registerHook registers tr under a fresh name for the test's duration.
+func registerHook(t *testing.T, tr nccl.Transport) string {
+	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
+	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return tr })
+	t.Cleanup(func() { nccl.Unregister(name) })
+	return name
+}
+
+// acceptOnHook forces h (v10 init) and returns a listen comm and the recv
+// comm its listener's Accept hands out.
+func acceptOnHook(t *testing.T, h *listenHook) (lh, rh uintptr) {
+	t.Helper()
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": registerHook(t, h)})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	var handle nccl.Handle
+	lh, res = netListen(0, &handle)
+	require.Equal(t, nccl.Success, res)
+	rh, res = netAccept(lh)
+	require.Equal(t, nccl.Success, res)
+	return lh, rh
 }
 
 // unboundedSend accepts every send (never NoRequest) and numbers requests
@@ -233,17 +254,7 @@ func (h *listenHook) Listen(int, *nccl.Handle) (nccl.Listener, error) { return h
 func TestCloseRunsTransportCloseOnCallersThread(t *testing.T) {
 	rc := &goroutineRecvComm{}
 	h := &listenHook{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "closer", devs: 1}}, l: goroutineListener{c: rc}}
-	name := fmt.Sprintf("hook-%d", hookSeq.Add(1))
-	nccl.Register(name, 7000+int(hookSeq.Load()), func() nccl.Transport { return h })
-	t.Cleanup(func() { nccl.Unregister(name) })
-	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
-	_, res := netInit(10, false, -1)
-	require.Equal(t, nccl.Success, res)
-	var handle nccl.Handle
-	lh, res := netListen(0, &handle)
-	require.Equal(t, nccl.Success, res)
-	rh, res := netAccept(lh)
-	require.Equal(t, nccl.Success, res)
+	lh, rh := acceptOnHook(t, h)
 	require.Equal(t, nccl.Success, netClose(lh, tagListen))
 	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
 	assert.Equal(t, goid(), rc.closedOn, "Close must run on the goroutine (thread) that called close")
