@@ -402,20 +402,19 @@ static int bw_index(const bench_arg_t* a, size_t sz) {
   return -1;
 }
 
+static void print_verdict(const char* what, double v, double target, bool higher_better) {
+  bool ok = higher_better ? v >= target : v <= target;
+  printf("  %-52s %7.2f  (target %s %.2f: %s)\n", what, v, higher_better ? ">=" : "<=", target, ok ? "met" : "NOT met");
+}
+
 /* print_ratio: num / den against its target, or why there is none (no
  * baseline was measured: --plugin-only). */
-static void print_verdict(const char* what, double v, double target, bool higher_better);
 static void print_ratio(const char* what, double num, double den, double target, bool higher_better) {
   if (den <= 0 || num <= 0) {
     printf("  %-52s %7s  (no baseline measured in this run: --plugin-only)\n", what, "-");
     return;
   }
   print_verdict(what, num / den, target, higher_better);
-}
-
-static void print_verdict(const char* what, double v, double target, bool higher_better) {
-  bool ok = higher_better ? v >= target : v <= target;
-  printf("  %-52s %7.2f  (target %s %.2f: %s)\n", what, v, higher_better ? ">=" : "<=", target, ok ? "met" : "NOT met");
 }
 
 /* The end of a latency or bandwidth row: both ranks' cpu%/threads in the
