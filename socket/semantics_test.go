@@ -428,7 +428,7 @@ func TestAbortLeaksNothing(t *testing.T) {
 			require.Error(t, err)
 		}
 	}
-	assert.LessOrEqual(t, runtime.NumGoroutine(), g0, "goroutines leaked")
+	assert.LessOrEqual(t, goroutinesAfterExit(g0), g0, "goroutines leaked")
 	assert.LessOrEqual(t, openFDs(t), fd0, "descriptors leaked")
 	runtime.KeepAlive(src)
 	runtime.KeepAlive(dst)
