@@ -159,7 +159,8 @@ func tcpInfo(fd int, ti *unix.TCPInfo) error {
 }
 
 // poll waits up to timeoutMs (0: not at all, -1: until an event) for the
-// events in fds.
+// events in fds. A wait interrupted by a signal returns 0, nil, as a
+// timeout would: callers loop on their own deadline or event.
 func poll(fds []unix.PollFd, timeoutMs int) (int, error) {
 	for {
 		n, err := unix.Poll(fds, timeoutMs)

@@ -54,7 +54,7 @@ const (
 	liveDead
 )
 
-// due reports whether a check should run now; it costs one clock read.
+// due reports whether a check is due at t (the caller's clock read).
 func (l *liveness) due(t int64) bool { return t >= l.next }
 
 // check runs one liveness check at time t. err explains liveDead.
