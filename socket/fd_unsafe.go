@@ -93,7 +93,7 @@ func (w *iovWriter) flush(fd int) (int, error) {
 	w.msg.Iov = &w.iov[0]
 	w.msg.SetIovlen(w.n)
 	for {
-		r, _, e := unix.Syscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&w.msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		r, _, e := unix.RawSyscall(unix.SYS_SENDMSG, uintptr(fd), uintptr(unsafe.Pointer(&w.msg)), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 		if n, again, err := nonblocking(r, e); !again {
 			return n, err
 		}
@@ -118,7 +118,7 @@ func nonblocking(r uintptr, e unix.Errno) (n int, again bool, err error) {
 // sendFrom writes up to n bytes from p without blocking; EAGAIN is 0, nil.
 func sendFrom(fd int, p unsafe.Pointer, n int) (int, error) {
 	for {
-		r, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
+		r, _, e := unix.RawSyscall6(unix.SYS_SENDTO, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL, 0, 0)
 		if sent, again, err := nonblocking(r, e); !again {
 			return sent, err
 		}
@@ -129,7 +129,7 @@ func sendFrom(fd int, p unsafe.Pointer, n int) (int, error) {
 // (0, false, nil) when nothing is available and eof when the peer closed.
 func recvInto(fd int, p unsafe.Pointer, n int) (got int, eof bool, err error) {
 	for {
-		r, _, e := unix.Syscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(p), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
 		var again bool
 		if got, again, err = nonblocking(r, e); !again {
 			// A read of n > 0 bytes that returns 0 without an error is the peer's FIN.
@@ -150,7 +150,7 @@ func sendSlice(fd int, b []byte) (int, error) {
 // allocates one per call; the liveness check runs on the data path).
 func tcpInfo(fd int, ti *unix.TCPInfo) error {
 	l := uint32(unsafe.Sizeof(*ti))
-	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
+	_, _, e := unix.RawSyscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
 		uintptr(unsafe.Pointer(ti)), uintptr(unsafe.Pointer(&l)), 0)
 	if e != 0 {
 		return e
