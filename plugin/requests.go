@@ -66,6 +66,7 @@ type reqState struct {
 	flush    bool
 	stalled  bool
 	events   int8  // profiler events started (0..maxProfEvents)
+	polls    uint8 // tests while pending, mod 256 (paces the stall check)
 	n        int32 // buffers of a grouped receive
 	size     int64 // bytes posted (send) or capacity (receive)
 	start    int64 // clock at post
