@@ -252,6 +252,7 @@ func netTest(req uintptr, sizes *int32) (done bool, res nccl.Result) {
 		return false, fail("test", err)
 	}
 	r := &e.reqs.slots[idx]
+	refreshSched()
 	var sent int
 	if e.tag == tagSend {
 		done, sent, err = e.send.Test(r.id)
