@@ -86,6 +86,10 @@ func (w *iovWriter) add(p unsafe.Pointer, n int) {
 // flush writes the gathered buffers with MSG_DONTWAIT (never blocks) and
 // MSG_NOSIGNAL (a closed peer is an EPIPE, not a SIGPIPE that would kill the
 // host process). It returns the bytes written; EAGAIN is 0, nil.
+//
+// The data path's syscalls are raw (no entersyscall/exitsyscall): with
+// MSG_DONTWAIT none of them can block, so handing the P to the scheduler
+// around them would only add cost to every poll on NCCL's thread.
 func (w *iovWriter) flush(fd int) (int, error) {
 	if w.n == 0 {
 		return 0, nil
