@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -426,6 +427,69 @@ static void print_row_end(const usage_t u[2], bool plugin_row, double plugin, do
   printf(" %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
 }
 
+/* The price of one idle pass, NCCL's most frequent call: a test of a receive
+ * nothing has arrived for (cgo callback, handle lookup, the transport's poll),
+ * next to what the same poll costs a C program (recv() on an idle TCP socket)
+ * and the sched_yield() that ends the pass. Rank 1 then sends the message the
+ * receive waits for, so the comm is left as it was. */
+#define IDLE_CALLS 200000
+static double ns_per_call(uint64_t t0, uint64_t t1) { return (double)(t1 - t0) / IDLE_CALLS; }
+
+static int bench_idle(bench_t* b) {
+  rank_t* r = b->r;
+  net_t* n = b->n;
+  void* req = NULL;
+  ncclResult_t res;
+  if (ctl_barrier(r, 60)) {
+    snprintf(b->why, sizeof b->why, "lost the other rank before the idle-pass measurement");
+    return -1;
+  }
+  if (r->rank == 0) {
+    if ((res = post_one(r, n, false, b->l->rc, b->arena + b->slot, 8, 1, b->rmh, &req)) != ncclSuccess) {
+      snprintf(b->why, sizeof b->why, "irecv for the idle-pass measurement returned %s", result_str(res));
+      return -1;
+    }
+    int done = 0, got[1];
+    meter_t m;
+    meter_start(&m);
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < IDLE_CALLS; i++) {
+      res = net_test(n, req, &done, got);
+      if (res != ncclSuccess || done) {
+        snprintf(b->why, sizeof b->why, "a receive nothing was sent for %s", done ? "completed" : "failed");
+        return -1;
+      }
+    }
+    uint64_t t1 = now_ns();
+    usage_t u = meter_stop(&m);
+    double c_recv = 0;
+    if (b->tcp[0] >= 0) {
+      char c;
+      uint64_t t2 = now_ns();
+      for (int i = 0; i < IDLE_CALLS; i++)
+        if (recv(b->tcp[0], &c, 1, MSG_DONTWAIT) >= 0) break; /* nothing is sent on it now */
+      c_recv = ns_per_call(t2, now_ns());
+    }
+    uint64_t t3 = now_ns();
+    for (int i = 0; i < IDLE_CALLS; i++) sched_yield();
+    double yield = ns_per_call(t3, now_ns());
+    printf("\nidle pass: test of a pending receive %.0f ns per call (rank 0 %.0f%%/%d threads); C recv() on an\n"
+           "idle TCP socket %.0f ns, sched_yield() %.0f ns; %d calls each\n",
+           ns_per_call(t0, t1), u.cpu, u.threads, c_recv, yield, IDLE_CALLS);
+  }
+  if (ctl_barrier(r, 60)) {
+    snprintf(b->why, sizeof b->why, "lost the other rank after the idle-pass measurement");
+    return -1;
+  }
+  if (r->rank == 1) {
+    if ((res = post_one(r, n, true, b->l->sc, b->arena, 8, 1, b->smh, &req)) != ncclSuccess) {
+      snprintf(b->why, sizeof b->why, "isend ending the idle-pass measurement returned %s", result_str(res));
+      return -1;
+    }
+  }
+  return wait_yield(b, req);
+}
+
 static int bench_lat(bench_t* b, lat_res_t* res) {
   rank_t* r = b->r;
   int nm = b->a->o->plugin_only ? 1 : NLATM;
@@ -595,7 +659,7 @@ static int bench_rank(rank_t* r, void* arg) {
     printf("bench: v%d plugin=%s transport=%s device=%s; 2 processes, not pinned, %ld CPUs online; "
            "TCP baselines over 127.0.0.1 (TCP_NODELAY)\n",
            a->version, n.name, tr[0] ? tr : "unknown", p.name, sysconf(_SC_NPROCESSORS_ONLN));
-  if (a->lat && bench_lat(&b, lat)) goto done;
+  if (a->lat && (bench_idle(&b) || bench_lat(&b, lat))) goto done;
   if (a->bw && bench_bw(&b, bw)) goto done;
   if (r->rank == 0) print_summary(a, lat, bw);
   if (ctl_barrier(r, 60) == 0) rc = 0;
