@@ -1,6 +1,7 @@
 package ib
 
 import (
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -66,7 +67,8 @@ func (l *listener) acceptLoop() {
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
-			return // closed
+			l.acceptFailed(err)
+			return
 		}
 		if !l.trackConn(c) {
 			_ = c.Close()
@@ -78,6 +80,22 @@ func (l *listener) acceptLoop() {
 			return
 		}
 	}
+}
+
+// acceptFailed ends a listen whose socket stopped accepting for a reason
+// other than Close (EMFILE, ENFILE, ENOBUFS: Go already retries EAGAIN,
+// EINTR and ECONNABORTED): Accept fails with SystemError, as NCCL's
+// socketTryAccept does, instead of reporting "not yet" forever. A handshake
+// that already claimed the listen still delivers its own result.
+func (l *listener) acceptFailed(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || errors.Is(err, net.ErrClosed) || !l.claimed.CompareAndSwap(false, true) {
+		return
+	}
+	l.t.log.Warnf("NET/GoIB : accept on %v failed: %v; no peer can connect to this listen (raise the open-file limit, ulimit -n, if it says too many open files)", l.ln.Addr(), err)
+	l.err = nccl.Errorf(nccl.SystemError, "NET/GoIB : accept on %v: %w", l.ln.Addr(), err)
+	close(l.done)
 }
 
 // trackConn registers a handshake connection so Close can interrupt it.
