@@ -146,6 +146,10 @@ func (l *listener) serve(conn net.Conn) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// The comm owns conn now. Untrack it before the comm becomes visible to
+	// Accept: NCCL closes the listen right after Accept, and that Close would
+	// otherwise close the comm's dead-peer connection under it.
+	delete(l.conns, conn)
 	if l.closed {
 		// Close is waiting for us; the comm was never NCCL's.
 		if rc != nil {

@@ -5,10 +5,13 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -41,4 +44,45 @@ func TestAcceptErrorFailsTheListen(t *testing.T) {
 	}
 	assert.True(t, log.has("EMFILE") || log.has("too many open files"), "the WARN names the error: %v", log.lines)
 	assert.NoError(t, l.Close())
+}
+
+// NCCL closes a listen right after its Accept returned the comm. That Close
+// must not touch the handshake connection the comm now owns for dead-peer
+// detection: closing it would make both comms fail as "peer gone" as soon as
+// a request waits a second. Accept is polled without pause so that it runs
+// as soon as the handshake publishes its comm, which is where the listener
+// used to still hold the connection.
+func TestListenCloseAfterAcceptKeepsTheCommsConnection(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	for round := 0; round < 500; round++ {
+		var h nccl.Handle
+		l, err := b.t.Listen(0, &h)
+		require.NoError(t, err)
+		var sc nccl.SendComm
+		for sc == nil {
+			sc, err = a.t.Connect(0, &h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+			require.NoError(t, err)
+		}
+		var rc nccl.RecvComm
+		for deadline := time.Now().Add(10 * time.Second); rc == nil; {
+			rc, err = l.Accept()
+			require.NoError(t, err)
+			require.False(t, time.Now().After(deadline), "accept: not within 10s")
+		}
+		require.NoError(t, l.Close())
+
+		r := rc.(*recvComm)
+		var rerr error
+		if err := r.watch.raw.Read(func(fd uintptr) bool {
+			_, rerr = unix.Read(int(fd), make([]byte, 1))
+			return true
+		}); err != nil {
+			rerr = err
+		}
+		closed := !errors.Is(rerr, unix.EAGAIN)
+		require.NoError(t, sc.Close())
+		require.NoError(t, rc.Close())
+		require.False(t, closed, "round %d: the receive comm's handshake connection was closed by the listen's Close (%v)", round, rerr)
+	}
 }
