@@ -33,7 +33,15 @@ func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 				}
 			}
 		}
-		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: async event %v (port %d)", h.name, ev.Type, ev.Port)
+		switch ev.Type {
+		case verbs.EventPortErr, verbs.EventPathMigErr:
+			// Not fatal to the device, but the comms over the port will fail
+			// with retry-exceeded completions: say why where NCCL_DEBUG=WARN
+			// shows it, as NCCL does.
+			t.log.Warnf("NET/GoIB : %s: async event %v (port %d): the link went down or lost its path; comms over it fail until it is back (check ibstat, cables, the switch)", h.name, ev.Type, ev.Port)
+		default:
+			t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: async event %v (port %d)", h.name, ev.Type, ev.Port)
+		}
 		return
 	}
 	var owner *commCore
