@@ -3,6 +3,7 @@ package ib
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"syscall"
@@ -115,6 +116,10 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 	}
 	var r helloReply
 	if err := readMsg(conn, &r); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+			// The listener drops a hello it refuses without a word.
+			err = fmt.Errorf("the listener closed the connection without answering (%w): the handle is stale (its listen was closed, or it already accepted a connection), or the ranks run different plugin builds", err)
+		}
 		return nil, fail("hello reply", err)
 	}
 	if r.Status != 0 || verbs.LinkLayer(r.LinkLayer) != ll {
