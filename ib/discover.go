@@ -161,8 +161,10 @@ func mergePCIPath(p string, mergeVFs bool) string {
 	return string(b)
 }
 
-// probeDMABuf is NCCL's check: registering fd -1 fails with EBADF when the
-// kernel and provider support dma-buf, with EOPNOTSUPP/EPROTONOSUPPORT when not.
+// probeDMABuf is NCCL's check: a 0-byte registration of fd -1 fails with
+// EOPNOTSUPP/EPROTONOSUPPORT when the provider or kernel lacks dma-buf, and
+// with anything else when it has it (the kernel answers EINVAL for the empty
+// range before it looks at the fd, so EBADF alone would miss real devices).
 func (t *Transport) probeDMABuf(h *hca) bool {
 	if !t.feats.DMABuf || !t.cfg.dmabuf {
 		return false
@@ -173,7 +175,7 @@ func (t *Transport) probeDMABuf(h *hca) bool {
 		return false
 	}
 	var en verbs.Errno
-	ok := errors.As(err, &en) && en == verbs.EBADF
+	ok := errors.As(err, &en) && en != verbs.EOPNOTSUPP && en != verbs.EPROTONOSUPPORT
 	if !ok {
 		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s: dma-buf registration unsupported (%v)", h.name, err)
 	}

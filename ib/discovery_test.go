@@ -240,3 +240,68 @@ func TestMergePCIPath(t *testing.T) {
 	setEnv(t, "NCCL_IB_MERGE_VFS", "0")
 	assert.Equal(t, []string{"/sys/devices/pci0000:16/0000:17:00.0", "/sys/devices/pci0000:16/0000:17:01.0"}, paths())
 }
+
+// probeProvider answers the dma-buf probe (a 0-byte registration of fd -1)
+// with a chosen errno, as a real kernel does: ib_umem_dmabuf_get rejects the
+// 0-byte range with EINVAL before it looks at the fd, so a device that
+// supports dma-buf does not say EBADF to the probe.
+type probeProvider struct {
+	verbs.Provider
+	probe verbs.Errno
+}
+type probeContext struct {
+	verbs.Context
+	probe verbs.Errno
+}
+type probePD struct {
+	verbs.PD
+	probe verbs.Errno
+}
+
+func (p probeProvider) Open(name string) (verbs.Context, error) {
+	c, err := p.Provider.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	return probeContext{c, p.probe}, nil
+}
+
+func (c probeContext) AllocPD() (verbs.PD, error) {
+	pd, err := c.Context.AllocPD()
+	if err != nil {
+		return nil, err
+	}
+	return probePD{pd, c.probe}, nil
+}
+
+func (p probePD) RegDMABufMR(offset uint64, length int, iova uint64, fd int, access verbs.Access) (verbs.MR, error) {
+	if length == 0 && fd < 0 {
+		return nil, p.probe
+	}
+	return p.PD.RegDMABufMR(offset, length, iova, fd, access)
+}
+
+// NCCL counts dma-buf as supported unless the fd=-1 probe fails with
+// EOPNOTSUPP or EPROTONOSUPPORT; requiring exactly EBADF turned dma-buf off
+// on real devices, whose kernel answers the 0-byte probe with EINVAL.
+func TestDMABufProbeAcceptsWhatNCCLAccepts(t *testing.T) {
+	setEnv(t)
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "sim0"})
+	for _, c := range []struct {
+		probe verbs.Errno
+		want  nccl.PtrType
+	}{
+		{verbs.EINVAL, nccl.PtrHost | nccl.PtrDMABuf},
+		{verbs.EBADF, nccl.PtrHost | nccl.PtrDMABuf},
+		{verbs.EOPNOTSUPP, nccl.PtrHost},
+		{verbs.EPROTONOSUPPORT, nccl.PtrHost},
+	} {
+		tr := NewWithOptions(Options{Provider: probeProvider{f.Provider(verbs.Features{DMABuf: true}), c.probe}, SysfsRoot: t.TempDir()})
+		require.NoError(t, tr.Init(nccl.InitContext{}))
+		p, err := tr.Properties(0)
+		require.NoError(t, err)
+		assert.Equal(t, c.want, p.PtrSupport, "probe failing with %v", c.probe)
+		require.NoError(t, tr.Finalize())
+	}
+}

@@ -145,10 +145,12 @@ func (d *device) release(e *mrEntry) error {
 
 // releaseAll deregisters what NCCL never deregistered, as the device
 // closes; handles still pointing at these entries release nothing later.
-func (c *mrCache) releaseAll() {
+// The counters see the release: the metrics entry outlives the transport.
+func (c *mrCache) releaseAll(stats *mrCounters) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range c.entries {
+		stats.released(e.end - e.addr)
 		_ = e.mr.Dereg()
 	}
 	c.entries = nil

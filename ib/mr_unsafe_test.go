@@ -266,3 +266,24 @@ func TestPeerCheckDoesNotAllocate(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// Registrations NCCL never deregistered are released when the device
+// closes; the MR-cache series must say so, or the registered-bytes gauge
+// (plugin-wide, shared by the next transport on the same port) keeps
+// counting memory that is no longer registered.
+func TestDeviceCloseReleasesLeakedRegistrationsInMetrics(t *testing.T) {
+	setEnv(t)
+	f, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	m := metrics.ForDevice("ib", "simA_0", 1)
+	r0 := m.MRRegistered.Load()
+	mem := mmapBytes(t, 3*4096)
+	_, err := sc.RegMr(unsafe.Pointer(&mem[0]), len(mem), nccl.PtrHost) // never deregistered
+	require.NoError(t, err)
+	require.Equal(t, r0+3*4096, m.MRRegistered.Load())
+	require.NoError(t, sc.Close())
+	require.NoError(t, rc.Close())
+	require.NoError(t, a.t.Finalize())
+	assert.Zero(t, f.Device("simA_0").MRCount(), "the MR is gone")
+	assert.Equal(t, r0, m.MRRegistered.Load(), "and no longer counted as registered")
+}
