@@ -143,14 +143,16 @@ func (d *device) release(e *mrEntry) error {
 	return e.mr.Dereg()
 }
 
-// releaseAll deregisters what NCCL never deregistered, as the device
+// closeMRCache deregisters what NCCL never deregistered, as the device
 // closes; handles still pointing at these entries release nothing later.
-// The counters see the release: the metrics entry outlives the transport.
-func (c *mrCache) releaseAll(stats *mrCounters) {
+// The counters see the release, as in release: the metrics entry outlives
+// the transport.
+func (d *device) closeMRCache() {
+	c := &d.mrCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, e := range c.entries {
-		stats.released(e.end - e.addr)
+		d.stats.released(e.end - e.addr)
 		_ = e.mr.Dereg()
 	}
 	c.entries = nil

@@ -305,7 +305,7 @@ func (t *Transport) closeHCAsLocked() {
 			}
 		}
 		for _, d := range h.ports {
-			d.mrCache.releaseAll(&d.stats)
+			d.closeMRCache()
 		}
 		if h.pd != nil {
 			if err := h.pd.Dealloc(); err != nil {
