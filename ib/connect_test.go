@@ -17,15 +17,12 @@ import (
 func TestStaleHandleIsAClearError(t *testing.T) {
 	setEnv(t)
 	_, a, b := twoHosts(t, softnic.DeviceConfig{})
-	var h nccl.Handle
-	l, err := b.t.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
+	_, h := listenOn(t, b, 0)
 	h[hOffSecret] ^= 1
 	var cerr error
 	within(t, "connect fails", func() (bool, error) {
 		var sc nccl.SendComm
-		sc, cerr = a.t.Connect(0, &h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+		sc, cerr = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
 		require.Nil(t, sc)
 		return cerr != nil, nil
 	})

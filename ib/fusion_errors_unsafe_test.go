@@ -234,11 +234,8 @@ func findDevice(t *testing.T, f *softnic.Fabric, name string) *softnic.Device {
 func TestRogueConnectionsDoNotDisturbListen(t *testing.T) {
 	setEnv(t)
 	_, a, b := twoHosts(t, softnic.DeviceConfig{})
-	var h nccl.Handle
-	l, err := b.t.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
-	hi, err := readHandle(&h)
+	l, h := listenOn(t, b, 0)
+	hi, err := readHandle(h)
 	require.NoError(t, err)
 	// Garbage, a wrong magic, and a silent peer.
 	c1, err := net.Dial("tcp", hi.addr.String())
@@ -257,7 +254,7 @@ func TestRogueConnectionsDoNotDisturbListen(t *testing.T) {
 	within(t, "real connection", func() (bool, error) {
 		var err error
 		if sc == nil {
-			if sc, err = a.t.Connect(0, &h, nccl.ConnectOptions{TrafficClass: -1}); err != nil {
+			if sc, err = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: -1}); err != nil {
 				return false, err
 			}
 		}
@@ -281,11 +278,8 @@ func TestMagicMismatchIsAClearError(t *testing.T) {
 	b := newHost(t, f, verbs.Features{}, "simB_0")
 	setEnv(t, "NCCL_SOCKET_MAGIC", "0x1234") // read once, by Init
 	a := newHost(t, f, verbs.Features{}, "simA_0")
-	var h nccl.Handle
-	l, err := b.t.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
-	_, err = a.t.Connect(0, &h, nccl.ConnectOptions{})
+	_, h := listenOn(t, b, 0)
+	_, err := a.t.Connect(0, h, nccl.ConnectOptions{})
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
 	assert.ErrorContains(t, err, "NCCL_SOCKET_MAGIC")
 }
@@ -296,14 +290,11 @@ func TestIncompatibleLinkLayers(t *testing.T) {
 	f.AddDevice(softnic.DeviceConfig{Name: "ibA"})
 	f.AddDevice(softnic.DeviceConfig{Name: "roceB", LinkLayer: verbs.LinkEthernet})
 	a, b := newHost(t, f, verbs.Features{}, "ibA"), newHost(t, f, verbs.Features{}, "roceB")
-	var h nccl.Handle
-	l, err := b.t.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
+	l, h := listenOn(t, b, 0)
 	var cerr, aerr error
 	within(t, "refused", func() (bool, error) {
 		if cerr == nil {
-			_, cerr = a.t.Connect(0, &h, nccl.ConnectOptions{})
+			_, cerr = a.t.Connect(0, h, nccl.ConnectOptions{})
 		}
 		if aerr == nil {
 			_, aerr = l.Accept()

@@ -110,19 +110,28 @@ func within(t *testing.T, what string, f func() (bool, error)) {
 	}
 }
 
+// listenOn opens a listen on h's device dev; it is closed when the test
+// ends at the latest (Close is idempotent).
+func listenOn(t *testing.T, h *host, dev int) (nccl.Listener, *nccl.Handle) {
+	t.Helper()
+	var hd nccl.Handle
+	l, err := h.t.Listen(dev, &hd)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l, &hd
+}
+
 // connectPair connects a's device sdev (sender) to b's device rdev (receiver).
 func connectPair(t *testing.T, a *host, sdev int, b *host, rdev int) (*sendComm, *recvComm) {
 	t.Helper()
-	var h nccl.Handle
-	l, err := b.t.Listen(rdev, &h)
-	require.NoError(t, err)
+	l, h := listenOn(t, b, rdev)
 	defer func() { require.NoError(t, l.Close()) }()
 	var sc nccl.SendComm
 	var rc nccl.RecvComm
 	within(t, "connect/accept", func() (bool, error) {
 		var err error
 		if sc == nil {
-			if sc, err = a.t.Connect(sdev, &h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef}); err != nil {
+			if sc, err = a.t.Connect(sdev, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef}); err != nil {
 				return false, err
 			}
 		}
