@@ -56,16 +56,19 @@ func TestListenCloseAfterAcceptKeepsTheCommsConnection(t *testing.T) {
 	setEnv(t)
 	_, a, b := twoHosts(t, softnic.DeviceConfig{})
 	for round := 0; round < 500; round++ {
-		var h nccl.Handle
-		l, err := b.t.Listen(0, &h)
-		require.NoError(t, err)
+		l, h := listenOn(t, b, 0)
+		// Polled without within's pause, which would let the handshake
+		// finish long before Accept runs: the race would not show.
 		var sc nccl.SendComm
-		for sc == nil {
-			sc, err = a.t.Connect(0, &h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
-			require.NoError(t, err)
-		}
 		var rc nccl.RecvComm
-		for deadline := time.Now().Add(10 * time.Second); rc == nil; {
+		var err error
+		deadline := time.Now().Add(10 * time.Second)
+		for sc == nil {
+			sc, err = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+			require.NoError(t, err)
+			require.False(t, time.Now().After(deadline), "connect: not within 10s")
+		}
+		for rc == nil {
 			rc, err = l.Accept()
 			require.NoError(t, err)
 			require.False(t, time.Now().After(deadline), "accept: not within 10s")
