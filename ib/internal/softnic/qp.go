@@ -306,6 +306,9 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 		case q.sqOut >= q.maxSend:
 			return i, fmt.Errorf("softnic: send queue of QP %#x full (%d WRs not retired; signal more often): %w", q.num, q.sqOut, verbs.ENOMEM)
 		}
+		if err := q.dev.fabric.matchPostFaultLocked(q.dev.cfg.Name, q.num, wr.Opcode); err != nil {
+			return i, fmt.Errorf("softnic: post_send on QP %#x (injected): %w", q.num, err)
+		}
 		q.recordSendLocked(wr)
 		q.sqOut++
 		var data []byte
