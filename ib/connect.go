@@ -60,11 +60,11 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 		return nil, err
 	}
 	hi, err := readHandle(handle)
-	if err != nil {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : connect: %v", err)
-	}
-	if hi.magic != t.cfg.magic {
+	if hi.magic != t.cfg.magic { // checked first, as the socket transport does
 		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect: handle magic %#x differs from ours %#x: set the same NCCL_SOCKET_MAGIC on every rank", hi.magic, t.cfg.magic)
+	}
+	if err != nil {
+		return nil, nccl.Errorf(nccl.ResultOf(err), "NET/GoIB : connect: %w", err)
 	}
 	c := &connector{token: randomU64(), done: make(chan struct{})}
 	id := randomU64()

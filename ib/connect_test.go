@@ -30,3 +30,24 @@ func TestStaleHandleIsAClearError(t *testing.T) {
 	assert.ErrorContains(t, cerr, "closed the connection without answering")
 	assert.ErrorContains(t, cerr, "stale")
 }
+
+// A handle from another plugin build or from the socket transport is a
+// configuration mismatch between ranks, not a bug in the plugin: NCCL
+// reports such mismatches as ncclInvalidUsage, and so does the socket
+// transport for its own handles.
+func TestHandleVersionMismatchIsInvalidUsage(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	_, h := listenOn(t, b, 0)
+	h[hOffVersion] = handleVersion + 1
+	sc, err := a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+	require.Nil(t, sc)
+	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
+	assert.ErrorContains(t, err, "NET/GoIB : connect: handle version 2 is not 1")
+	assert.ErrorContains(t, err, "NCCL_GO_TRANSPORT")
+
+	// A corrupt handle of the right version stays an internal error.
+	h[hOffVersion], h[hOffFamily] = handleVersion, 9
+	_, err = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+	assert.Equal(t, nccl.InternalError, nccl.ResultOf(err))
+}
