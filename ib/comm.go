@@ -25,6 +25,8 @@ const (
 	wrKind  = 0xff << 56
 
 	flushIDBase = maxRequests // flush request ids follow receive ids
+
+	maxSL = 15 // an IB service level is 4 bits
 )
 
 // commQP is one RC QP of a connection.
@@ -207,7 +209,8 @@ func (c *commCore) localMeta(addr uint64, keys *hostMem, tc, sl int) *connMeta {
 // connectQPs moves every QP to RTR and RTS against the peer's QP of the same
 // index: path MTU is the smaller of both ports', RoCE uses a global route
 // from this connection's GID, IB routes by LID.
-func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
+func (c *commCore) connectQPs(rm *connMeta, qs qos) error {
+	tc, sl := qs.tc, qs.sl
 	ece := c.t.feats.ECE && c.cfg.ece
 	for i := range c.qps {
 		q := &c.qps[i]
@@ -230,13 +233,37 @@ func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
 		}
 		rtr := verbs.RTRAttr{PathMTU: min(d.attr.ActiveMTU, verbs.MTU(rd.MTU)), DestQPN: rq.QPN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
 		if err := q.qp.ModifyToRTR(rtr); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)", d.device, rq.QPN, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; %s", d.device, rq.QPN, err, rtrHint(d.attr.LinkLayer, qs))
 		}
 		if err := q.qp.ModifyToRTS(verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d.device, err, c.cfg.ackTimeout, c.cfg.retryCnt)
 		}
 	}
 	return nil
+}
+
+// rtrHint names what an RTR transition that the HCA refused most likely
+// got wrong. The address vector carries the service level and, on RoCE, the
+// GID and traffic class; the HCA does not say which it rejected, so the hint
+// names each in the order they usually are the cause, with the setting each
+// came from. IB has no GID in the path: naming NCCL_IB_GID_INDEX there sent
+// users after the wrong variable.
+func rtrHint(ll verbs.LinkLayer, qs qos) string {
+	sl := fmt.Sprintf("service level %d, from %s", qs.sl, qs.slFrom)
+	if qs.sl > maxSL {
+		sl = fmt.Sprintf("service level %d is out of range (0-%d); it comes from %s", qs.sl, maxSL, qs.slFrom)
+	}
+	if ll != verbs.LinkEthernet {
+		if qs.sl > maxSL {
+			return sl
+		}
+		return "check the " + sl + ": the subnet manager must map it to a virtual lane of this port"
+	}
+	tc := fmt.Sprintf("traffic class %d, from %s", qs.tc, qs.tcFrom)
+	if qs.sl > maxSL {
+		return sl + "; otherwise check the " + tc + ", then the GID (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)"
+	}
+	return "on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE); otherwise check the " + tc + ", and the " + sl
 }
 
 func validateMeta(m *connMeta, nqps int) error {
