@@ -59,39 +59,42 @@ type commCore struct {
 	nDataQPs   int
 	peer       string
 
-	fatal     atomic.Pointer[string] // set by the async watcher
-	devFatal  [maxVDevs]uint64
-	failed    error // sticky data-path failure (progress thread only)
+	fatal     atomic.Pointer[string] // set by the async watcher: this comm's or its devices' fatal event
+	failed    error                  // sticky data-path failure (progress thread only)
 	wcs       [64]verbs.WC
 	watch     peerWatch // the kept handshake connection (progress thread only)
 	destroyed bool
 	released  bool
 }
 
-func (c *commCore) setFatal(msg string) { c.fatal.Store(&msg) }
+// setFatal keeps the first fatal event: later ones are its consequences.
+func (c *commCore) setFatal(msg string) { c.fatal.CompareAndSwap(nil, &msg) }
 
 // check fails fast once the comm or one of its devices has failed. It runs at
-// the top of every data-path call: a few atomic loads, no locks.
+// the top of every data-path call: one atomic load, no locks. The watcher
+// marks every comm of a device that dies (NCCL_IB_RETURN_ASYNC_EVENTS=0 keeps
+// it from marking any), so the devices need no look here.
 func (c *commCore) check() error {
 	if c.failed != nil {
 		return c.failed
-	}
-	if !c.cfg.returnAsync {
-		return nil
 	}
 	if m := c.fatal.Load(); m != nil {
 		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, *m)
 		return c.failed
 	}
-	for i := range c.devs {
-		d := c.devs[i].device
-		if d.fatal.Load() != c.devFatal[i] {
-			why := "fatal async event"
-			if p := d.fatalWhy.Load(); p != nil {
-				why = *p
-			}
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, why)
-			return c.failed
+	return nil
+}
+
+// deviceFatal is the error for setting up a comm over devices one of which
+// reported a device-fatal event: what its context would answer now is some
+// unrelated verbs error (EIO), which would hide the cause.
+func (t *Transport) deviceFatal(devs []*device) error {
+	if !t.cfg.returnAsync {
+		return nil
+	}
+	for _, d := range devs {
+		if m := d.hca.fatal.Load(); m != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : cannot use %s: %s", d, *m)
 		}
 	}
 	return nil
@@ -99,7 +102,7 @@ func (c *commCore) check() error {
 
 // newCore creates CQs and nqps QPs (QP i on member i % ndevs) in INIT, and
 // resolves each member's GID for this connection.
-func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int) (*commCore, error) {
+func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int) (_ *commCore, err error) {
 	c := &commCore{t: t, cfg: &t.cfg, log: t.log, ptrSupport: t.ptrSupport(devs)}
 	t.commBuilt()
 	c.name = devs[0].name
@@ -111,10 +114,17 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		if !ok {
 			c.destroy()
 			c.release()
+			// A verbs call failed because the device died while the
+			// watcher had the event: report the cause, not the EIO.
+			if ferr := t.deviceFatal(devs); ferr != nil {
+				err = ferr
+			}
 		}
 	}()
-	for i, d := range devs {
-		c.devFatal[i] = d.fatal.Load()
+	if err := t.deviceFatal(devs); err != nil {
+		return nil, err
+	}
+	for _, d := range devs {
 		cd := commDev{device: d}
 		var err error
 		if cd.gidIndex, cd.gid, err = d.resolveGID(t); err != nil {
@@ -145,6 +155,11 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: t.cfg.pkey, Port: d.port, Access: access}); err != nil {
 			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(INIT) on %s: %w; check NCCL_IB_PKEY=%d", d, err, t.cfg.pkey)
 		}
+	}
+	// Registered in owners above, so a device that died since the first
+	// check either marked this comm or is seen here.
+	if err := t.deviceFatal(devs); err != nil {
+		return nil, err
 	}
 	ok = true
 	return c, nil

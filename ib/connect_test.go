@@ -22,6 +22,15 @@ func TestStaleHandleIsAClearError(t *testing.T) {
 	_, a, b := twoHosts(t, softnic.DeviceConfig{})
 	_, h := listenOn(t, b, 0)
 	h[hOffSecret] ^= 1
+	cerr := connectFails(t, a, h)
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(cerr))
+	assert.ErrorContains(t, cerr, "closed the connection without answering")
+	assert.ErrorContains(t, cerr, "stale")
+}
+
+// connectFails polls a's Connect on device 0 until it fails (it must not
+// succeed) and returns the error.
+func connectFails(t *testing.T, a *host, h *nccl.Handle) error {
 	var cerr error
 	within(t, "connect fails", func() (bool, error) {
 		var sc nccl.SendComm
@@ -29,9 +38,7 @@ func TestStaleHandleIsAClearError(t *testing.T) {
 		require.Nil(t, sc)
 		return cerr != nil, nil
 	})
-	assert.Equal(t, nccl.SystemError, nccl.ResultOf(cerr))
-	assert.ErrorContains(t, cerr, "closed the connection without answering")
-	assert.ErrorContains(t, cerr, "stale")
+	return cerr
 }
 
 // A handle from another plugin build or from the socket transport is a

@@ -66,6 +66,7 @@ type Device struct {
 	mrs    map[uint32]*mr
 	qps    map[uint32]*qp
 	ctxs   map[*context]struct{}
+	dead   bool // Fail was called
 }
 
 type portState struct {
@@ -160,6 +161,16 @@ func (d *Device) SetPortState(port int, s verbs.PortState) {
 	d.fabric.mu.Lock()
 	defer d.fabric.mu.Unlock()
 	d.ports[port-1].attr.State = s
+}
+
+// Fail makes the device die as an HCA does on a fatal error: it reports
+// IBV_EVENT_DEVICE_FATAL to every open context, and from then on every verbs
+// call on them fails with EIO, except the ones that release resources.
+func (d *Device) Fail() {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	d.dead = true
+	d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
 }
 
 // InjectAsyncEvent delivers an asynchronous event as the hardware would: QP
