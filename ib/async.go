@@ -52,7 +52,7 @@ func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 		}
 		msg := fmt.Sprintf("%s: fatal async event %v on QP %#x", h.name, ev.Type, ev.QPNum)
 		t.log.Warnf("NET/GoIB : %s", msg)
-		if owner != nil {
+		if owner != nil && t.cfg.returnAsync {
 			owner.setFatal(msg)
 		}
 	case verbs.EventCQErr:
@@ -61,15 +61,24 @@ func (t *Transport) handleAsync(h *hca, ev verbs.AsyncEvent) {
 		}
 		msg := fmt.Sprintf("%s: fatal async event %v (completion queue overrun)", h.name, ev.Type)
 		t.log.Warnf("NET/GoIB : %s", msg)
-		if owner != nil {
+		if owner != nil && t.cfg.returnAsync {
 			owner.setFatal(msg)
 		}
 	default:
-		msg := fmt.Sprintf("%s: fatal async event %v; the device is unusable until it is reset", h.name, ev.Type)
+		msg := fmt.Sprintf("%s: fatal async event %v; the device is unusable until it is reset: check the NIC (ibv_devinfo, dmesg, firmware), "+
+			"then restart the job (or leave the device out with NCCL_IB_HCA=^%s)", h.name, ev.Type, h.name)
 		t.log.Warnf("NET/GoIB : %s", msg)
-		for _, d := range h.ports {
-			d.fatalWhy.Store(&msg)
-			d.fatal.Add(1)
+		// Store before walking the owners: a comm registering concurrently
+		// either is in the walk or sees fatal in newCore's last check.
+		if !h.fatal.CompareAndSwap(nil, &msg) {
+			return // the first fatal event already failed everything
 		}
+		if !t.cfg.returnAsync {
+			return
+		}
+		h.owners.Range(func(_, v any) bool {
+			v.(*commCore).setFatal(msg)
+			return true
+		})
 	}
 }

@@ -25,6 +25,8 @@ const (
 	wrKind  = 0xff << 56
 
 	flushIDBase = maxRequests // flush request ids follow receive ids
+
+	maxSL = 15 // an IB service level is 4 bits
 )
 
 // commQP is one RC QP of a connection.
@@ -57,39 +59,42 @@ type commCore struct {
 	nDataQPs   int
 	peer       string
 
-	fatal     atomic.Pointer[string] // set by the async watcher
-	devFatal  [maxVDevs]uint64
-	failed    error // sticky data-path failure (progress thread only)
+	fatal     atomic.Pointer[string] // set by the async watcher: this comm's or its devices' fatal event
+	failed    error                  // sticky data-path failure (progress thread only)
 	wcs       [64]verbs.WC
 	watch     peerWatch // the kept handshake connection (progress thread only)
 	destroyed bool
 	released  bool
 }
 
-func (c *commCore) setFatal(msg string) { c.fatal.Store(&msg) }
+// setFatal keeps the first fatal event: later ones are its consequences.
+func (c *commCore) setFatal(msg string) { c.fatal.CompareAndSwap(nil, &msg) }
 
 // check fails fast once the comm or one of its devices has failed. It runs at
-// the top of every data-path call: a few atomic loads, no locks.
+// the top of every data-path call: one atomic load, no locks. The watcher
+// marks every comm of a device that dies (NCCL_IB_RETURN_ASYNC_EVENTS=0 keeps
+// it from marking any), so the devices need no look here.
 func (c *commCore) check() error {
 	if c.failed != nil {
 		return c.failed
-	}
-	if !c.cfg.returnAsync {
-		return nil
 	}
 	if m := c.fatal.Load(); m != nil {
 		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, *m)
 		return c.failed
 	}
-	for i := range c.devs {
-		d := c.devs[i].device
-		if d.fatal.Load() != c.devFatal[i] {
-			why := "fatal async event"
-			if p := d.fatalWhy.Load(); p != nil {
-				why = *p
-			}
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, why)
-			return c.failed
+	return nil
+}
+
+// deviceFatal is the error for setting up a comm over devices one of which
+// reported a device-fatal event: what its context would answer now is some
+// unrelated verbs error (EIO), which would hide the cause.
+func (t *Transport) deviceFatal(devs []*device) error {
+	if !t.cfg.returnAsync {
+		return nil
+	}
+	for _, d := range devs {
+		if m := d.hca.fatal.Load(); m != nil {
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : cannot use %s: %s", d, *m)
 		}
 	}
 	return nil
@@ -97,7 +102,7 @@ func (c *commCore) check() error {
 
 // newCore creates CQs and nqps QPs (QP i on member i % ndevs) in INIT, and
 // resolves each member's GID for this connection.
-func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int) (*commCore, error) {
+func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int) (_ *commCore, err error) {
 	c := &commCore{t: t, cfg: &t.cfg, log: t.log, ptrSupport: t.ptrSupport(devs)}
 	t.commBuilt()
 	c.name = devs[0].name
@@ -109,10 +114,17 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		if !ok {
 			c.destroy()
 			c.release()
+			// A verbs call failed because the device died while the
+			// watcher had the event: report the cause, not the EIO.
+			if ferr := t.deviceFatal(devs); ferr != nil {
+				err = ferr
+			}
 		}
 	}()
-	for i, d := range devs {
-		c.devFatal[i] = d.fatal.Load()
+	if err := t.deviceFatal(devs); err != nil {
+		return nil, err
+	}
+	for _, d := range devs {
 		cd := commDev{device: d}
 		var err error
 		if cd.gidIndex, cd.gid, err = d.resolveGID(t); err != nil {
@@ -143,6 +155,11 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: t.cfg.pkey, Port: d.port, Access: access}); err != nil {
 			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(INIT) on %s: %w; check NCCL_IB_PKEY=%d", d, err, t.cfg.pkey)
 		}
+	}
+	// Registered in owners above, so a device that died since the first
+	// check either marked this comm or is seen here.
+	if err := t.deviceFatal(devs); err != nil {
+		return nil, err
 	}
 	ok = true
 	return c, nil
@@ -207,7 +224,8 @@ func (c *commCore) localMeta(addr uint64, keys *hostMem, tc, sl int) *connMeta {
 // connectQPs moves every QP to RTR and RTS against the peer's QP of the same
 // index: path MTU is the smaller of both ports', RoCE uses a global route
 // from this connection's GID, IB routes by LID.
-func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
+func (c *commCore) connectQPs(rm *connMeta, qs qos) error {
+	tc, sl := qs.tc, qs.sl
 	ece := c.t.feats.ECE && c.cfg.ece
 	for i := range c.qps {
 		q := &c.qps[i]
@@ -230,13 +248,37 @@ func (c *commCore) connectQPs(rm *connMeta, tc, sl int) error {
 		}
 		rtr := verbs.RTRAttr{PathMTU: min(d.attr.ActiveMTU, verbs.MTU(rd.MTU)), DestQPN: rq.QPN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
 		if err := q.qp.ModifyToRTR(rtr); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)", d.device, rq.QPN, err)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; %s", d.device, rq.QPN, err, rtrHint(d.attr.LinkLayer, qs))
 		}
 		if err := q.qp.ModifyToRTS(verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d.device, err, c.cfg.ackTimeout, c.cfg.retryCnt)
 		}
 	}
 	return nil
+}
+
+// rtrHint names what an RTR transition that the HCA refused most likely
+// got wrong. The address vector carries the service level and, on RoCE, the
+// GID and traffic class; the HCA does not say which it rejected, so the hint
+// names each in the order they usually are the cause, with the setting each
+// came from. IB has no GID in the path: naming NCCL_IB_GID_INDEX there sent
+// users after the wrong variable.
+func rtrHint(ll verbs.LinkLayer, qs qos) string {
+	sl := fmt.Sprintf("service level %d, from %s", qs.sl, qs.slFrom)
+	if qs.sl > maxSL {
+		sl = fmt.Sprintf("service level %d is out of range (0-%d); it comes from %s", qs.sl, maxSL, qs.slFrom)
+	}
+	if ll != verbs.LinkEthernet {
+		if qs.sl > maxSL {
+			return sl
+		}
+		return "check the " + sl + ": the subnet manager must map it to a virtual lane of this port"
+	}
+	tc := fmt.Sprintf("traffic class %d, from %s", qs.tc, qs.tcFrom)
+	if qs.sl > maxSL {
+		return sl + "; otherwise check the " + tc + ", then the GID (NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE)"
+	}
+	return "on RoCE this usually means a bad GID (check NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE); otherwise check the " + tc + ", and the " + sl
 }
 
 func validateMeta(m *connMeta, nqps int) error {

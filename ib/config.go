@@ -180,14 +180,39 @@ func readGIDConfig(log nccl.Logger) (gidConfig, error) {
 	return c, nil
 }
 
+// qos is a connection's traffic class and service level, and which setting
+// each came from, so that a QP transition they break names that setting.
+type qos struct {
+	tc, sl         int
+	tcFrom, slFrom string
+}
+
 // trafficClass resolves the sender's tc and sl for a connection.
-func (c *config) trafficClass(opts nccl.ConnectOptions) (tc, sl int) {
-	tc, sl = c.tc, c.sl
-	if tc < 0 {
-		tc = max(opts.TrafficClass, 0)
+func (c *config) trafficClass(opts nccl.ConnectOptions) qos {
+	q := qos{tc: c.tc, sl: c.sl, tcFrom: "NCCL_IB_TC", slFrom: "NCCL_IB_SL"}
+	from := "the communicator's traffic class"
+	if opts.TrafficClass < 0 {
+		from = "the default"
 	}
-	if sl < 0 {
-		sl = max(opts.TrafficClass, 0)
+	if q.tc < 0 {
+		q.tc = max(opts.TrafficClass, 0)
+		q.tcFrom = from + " (NCCL_IB_TC is unset)"
 	}
-	return tc, sl
+	if q.sl < 0 {
+		q.sl = max(opts.TrafficClass, 0)
+		q.slFrom = from + " (NCCL_IB_SL is unset)"
+	}
+	return q
+}
+
+// receiverQoS is what the receiver uses: the sender's service level, and
+// NCCL_IB_FIFO_TC or else the sender's traffic class for its CTS writes.
+func (c *config) receiverQoS(m *connMeta) qos {
+	q := qos{tc: c.fifoTC, sl: int(m.SL), tcFrom: "NCCL_IB_FIFO_TC",
+		slFrom: "the sender's NCCL_IB_SL (or its communicator's traffic class when that is unset)"}
+	if q.tc < 0 {
+		q.tc = int(m.TC)
+		q.tcFrom = "the sender's NCCL_IB_TC (or its communicator's traffic class when that is unset)"
+	}
+	return q
 }

@@ -59,12 +59,17 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 	if err != nil {
 		return nil, err
 	}
-	hi, err := readHandle(handle)
-	if err != nil {
-		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : connect: %v", err)
+	if qs := t.cfg.trafficClass(opts); qs.sl > maxSL && linkLayerOf(devs) != verbs.LinkEthernet {
+		// The IB header has 4 bits for it: no HCA accepts this, and the
+		// receiver, which would fail first, could only blame the sender.
+		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect on %s: %s", devs[0], rtrHint(verbs.LinkInfiniBand, qs))
 	}
-	if hi.magic != t.cfg.magic {
+	hi, err := readHandle(handle)
+	if hi.magic != t.cfg.magic { // checked first, as the socket transport does
 		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect: handle magic %#x differs from ours %#x: set the same NCCL_SOCKET_MAGIC on every rank", hi.magic, t.cfg.magic)
+	}
+	if err != nil {
+		return nil, nccl.Errorf(nccl.ResultOf(err), "NET/GoIB : connect: %w", err)
 	}
 	c := &connector{token: randomU64(), done: make(chan struct{})}
 	id := randomU64()
@@ -129,7 +134,7 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 	if r.NDevs < 1 || r.NDevs > maxVDevs {
 		return nil, fail("hello reply", fmt.Errorf("peer has %d devices", r.NDevs))
 	}
-	tc, sl := t.cfg.trafficClass(opts)
+	qs := t.cfg.trafficClass(opts)
 	sc, err := newSendComm(t, devs, int(r.NDevs), peer)
 	if err != nil {
 		return nil, err
@@ -140,7 +145,7 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 			_ = sc.Close()
 		}
 	}()
-	if err := writeMsg(conn, sc.localMeta(sc.fifo.addr(), sc.fifo, tc, sl)); err != nil {
+	if err := writeMsg(conn, sc.localMeta(sc.fifo.addr(), sc.fifo, qs.tc, qs.sl)); err != nil {
 		return nil, fail("sending QP info", err)
 	}
 	var rm connMeta
@@ -150,7 +155,7 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 	if err := validateMeta(&rm, len(sc.qps)); err != nil {
 		return nil, fail("QP info", err)
 	}
-	if err := sc.finish(&rm, tc, sl); err != nil {
+	if err := sc.finish(&rm, qs); err != nil {
 		return nil, err
 	}
 	if err := writeMsg(conn, uint32(readyMagic)); err != nil {

@@ -1,12 +1,15 @@
 package ib
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -19,6 +22,15 @@ func TestStaleHandleIsAClearError(t *testing.T) {
 	_, a, b := twoHosts(t, softnic.DeviceConfig{})
 	_, h := listenOn(t, b, 0)
 	h[hOffSecret] ^= 1
+	cerr := connectFails(t, a, h)
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(cerr))
+	assert.ErrorContains(t, cerr, "closed the connection without answering")
+	assert.ErrorContains(t, cerr, "stale")
+}
+
+// connectFails polls a's Connect on device 0 until it fails (it must not
+// succeed) and returns the error.
+func connectFails(t *testing.T, a *host, h *nccl.Handle) error {
 	var cerr error
 	within(t, "connect fails", func() (bool, error) {
 		var sc nccl.SendComm
@@ -26,7 +38,83 @@ func TestStaleHandleIsAClearError(t *testing.T) {
 		require.Nil(t, sc)
 		return cerr != nil, nil
 	})
-	assert.Equal(t, nccl.SystemError, nccl.ResultOf(cerr))
-	assert.ErrorContains(t, cerr, "closed the connection without answering")
-	assert.ErrorContains(t, cerr, "stale")
+	return cerr
+}
+
+// A handle from another plugin build or from the socket transport is a
+// configuration mismatch between ranks, not a bug in the plugin: NCCL
+// reports such mismatches as ncclInvalidUsage, and so does the socket
+// transport for its own handles.
+func TestHandleVersionMismatchIsInvalidUsage(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	_, h := listenOn(t, b, 0)
+	h[hOffVersion] = handleVersion + 1
+	sc, err := a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+	require.Nil(t, sc)
+	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
+	assert.ErrorContains(t, err, "NET/GoIB : connect: handle version 2 is not 1")
+	assert.ErrorContains(t, err, "NCCL_GO_TRANSPORT")
+
+	// A corrupt handle of the right version stays an internal error.
+	h[hOffVersion], h[hOffFamily] = handleVersion, 9
+	_, err = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+	assert.Equal(t, nccl.InternalError, nccl.ResultOf(err))
+}
+
+// An IB service level is 4 bits: the HCA refuses an RTR with more, and the
+// receiver, which moves its QPs first, could only blame the sender. The
+// connector refuses it at once, naming where the value came from
+// (NCCL_IB_SL, or the communicator's traffic class it follows when unset),
+// not the GID settings, which IB does not even use.
+func TestBadServiceLevelNamesItsSetting(t *testing.T) {
+	for _, c := range []struct {
+		env    []string
+		tclass int
+		want   string
+	}{
+		{[]string{"NCCL_IB_SL", "16"}, nccl.TrafficClassUndef, "service level 16 is out of range (0-15); it comes from NCCL_IB_SL"},
+		{nil, 106, "service level 106 is out of range (0-15); it comes from the communicator's traffic class (NCCL_IB_SL is unset)"},
+	} {
+		setEnv(t, c.env...)
+		_, a, b := twoHosts(t, softnic.DeviceConfig{})
+		_, h := listenOn(t, b, 0)
+		sc, err := a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: c.tclass})
+		require.Nil(t, sc)
+		assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err), "%v", err)
+		assert.ErrorContains(t, err, c.want)
+		assert.NotContains(t, fmt.Sprint(err), "GID")
+	}
+	// RoCE uses the low bits as the priority and refuses nothing: no check.
+	setEnv(t, "NCCL_IB_SL", "16")
+	_, a, b := twoHosts(t, softnic.DeviceConfig{LinkLayer: verbs.LinkEthernet})
+	connectPair(t, a, 0, b, 0)
+}
+
+func TestRTRHint(t *testing.T) {
+	local := qos{tc: 106, sl: 3, tcFrom: "NCCL_IB_TC", slFrom: "NCCL_IB_SL"}
+	assert.Equal(t, "check the service level 3, from NCCL_IB_SL: the subnet manager must map it to a virtual lane of this port",
+		rtrHint(verbs.LinkInfiniBand, local))
+	h := rtrHint(verbs.LinkEthernet, local)
+	assert.Contains(t, h, "NCCL_IB_GID_INDEX")
+	assert.Contains(t, h, "traffic class 106, from NCCL_IB_TC")
+	assert.Contains(t, h, "service level 3, from NCCL_IB_SL")
+	local.sl = 20
+	assert.True(t, strings.HasPrefix(rtrHint(verbs.LinkEthernet, local), "service level 20 is out of range (0-15); it comes from NCCL_IB_SL; otherwise"))
+}
+
+func TestQoSSaysWhereEachValueCameFrom(t *testing.T) {
+	c := config{tc: -1, sl: -1, fifoTC: -1}
+	q := c.trafficClass(nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+	assert.Equal(t, qos{0, 0, "the default (NCCL_IB_TC is unset)", "the default (NCCL_IB_SL is unset)"}, q)
+	q = c.trafficClass(nccl.ConnectOptions{TrafficClass: 106})
+	assert.Equal(t, qos{106, 106, "the communicator's traffic class (NCCL_IB_TC is unset)", "the communicator's traffic class (NCCL_IB_SL is unset)"}, q)
+	c.tc, c.sl = 41, 3
+	assert.Equal(t, qos{41, 3, "NCCL_IB_TC", "NCCL_IB_SL"}, c.trafficClass(nccl.ConnectOptions{TrafficClass: 106}))
+	r := c.receiverQoS(&connMeta{TC: 41, SL: 3})
+	assert.Equal(t, 41, r.tc)
+	assert.Contains(t, r.tcFrom, "the sender's NCCL_IB_TC")
+	assert.Contains(t, r.slFrom, "the sender's NCCL_IB_SL")
+	c.fifoTC = 7
+	assert.Equal(t, qos{7, 3, "NCCL_IB_FIFO_TC", r.slFrom}, c.receiverQoS(&connMeta{TC: 41, SL: 3}))
 }

@@ -108,6 +108,11 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 			SGE:        verbs.SGE{Addr: f.mem.addr(), Length: 1, LKey: f.mem.lkeys[d]},
 			RemoteAddr: uint64(uintptr(bufs[last].Data)), RKey: h.rkeys[d]}
 		if _, err := qp.PostSend(c.swr[:]); err != nil {
+			// NCCL never tests a request it was not given: the slot goes
+			// back now. A READ already posted on an earlier member may
+			// still complete; progress ignores completions of free slots,
+			// and the failed comm hands out no new flush to reuse it.
+			f.reqs.Put(id)
 			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (flush) on %s: %w", c.devs[d].device, err)
 			return nccl.NoRequest, c.failed
 		}

@@ -1,6 +1,9 @@
 package ib
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -9,7 +12,8 @@ import (
 // "mlx5_0:1,mlx5_1" selects by name prefix and optional port; a leading '^'
 // excludes instead; '=' after it (or at the start) makes names exact. Rail
 // and plane fields (NCCL 2.30) are parsed; a port that is not a number is
-// read as 0, which matches no port, with a WARN.
+// read as 0, which matches no port, with a WARN. An empty port ("mlx5_0:") is
+// any port, as NCCL 2.30 reads it, with a WARN (see emptyPortWarnings).
 type hcaFilter struct {
 	list ncclenv.List
 }
@@ -20,8 +24,30 @@ func readHCAFilter(log nccl.Logger) (f hcaFilter, spec string) {
 	l, set := envHCA.Get(log)
 	if set {
 		spec, _ = ncclenv.Value(envHCA.Name())
+		for _, w := range emptyPortWarnings(spec) {
+			log.Warnf("NET/GoIB : %s=%s: %s", envHCA.Name(), spec, w)
+		}
 	}
 	return hcaFilter{list: l}, spec
+}
+
+// emptyPortWarnings flags entries written "<hca>:" with nothing after the
+// colon. NCCL 2.30 reads the empty port as any port, and so does ncclenv;
+// NCCL before 2.30 read it with atoi as port 0, which matches no port, so the
+// same setting selected nothing of that HCA there. Saying how to write either
+// meaning keeps a job portable across NCCL versions. "<hca>::<rail>" is the
+// 2.30 way to give a rail for any port and is left alone.
+func emptyPortWarnings(spec string) []string {
+	var out []string
+	for _, item := range strings.Split(strings.TrimLeft(spec, "^="), ",") {
+		name, rest, ok := strings.Cut(item, ":")
+		if ok && rest == "" && name != "" {
+			out = append(out, fmt.Sprintf("entry %q has an empty port: read as any port of %s, as NCCL 2.30 does "+
+				"(older NCCL reads it as port 0 and uses no port of %s); write %q for every port or \"%s:<port>\" for one",
+				item, name, name, name, name))
+		}
+	}
+	return out
 }
 
 // match reports whether port of device dev is selected (port < 0: any).

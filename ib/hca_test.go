@@ -43,11 +43,7 @@ func TestHCAFilter(t *testing.T) {
 // so, and the other entries still work. Before, Init failed with
 // ncclInvalidArgument and the job fell back to the socket transport.
 func TestMalformedHCAEntryWarnsAndKeepsTheRest(t *testing.T) {
-	f := softnic.NewFabric()
-	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0"})
-	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1"})
-	setEnv(t, "NCCL_IB_HCA", "mlx5_0:x,mlx5_1:1")
-	h := newHost(t, f, verbs.Features{})
+	h := hostWithHCAs(t, "mlx5_0:x,mlx5_1:1")
 	require.Equal(t, 1, h.t.Devices())
 	p, err := h.t.Properties(0)
 	require.NoError(t, err)
@@ -67,4 +63,28 @@ func TestHCAListOverTheLimitKeepsTheFirst32(t *testing.T) {
 	assert.Len(t, fl.list.Entries, 32)
 	assert.True(t, fl.match("mlx5_0", 1))
 	assert.True(t, log.has("more than 32 entries"), log.String())
+}
+
+// "mlx5_0:" (nothing after the colon) is any port in NCCL 2.30 but port 0,
+// which matches nothing, in older NCCL: it is read the 2.30 way, and a WARN
+// says how to write what was meant so the setting means the same everywhere.
+func TestHCAEmptyPortWarns(t *testing.T) {
+	h := hostWithHCAs(t, "mlx5_0:,mlx5_1::2")
+	require.Equal(t, 2, h.t.Devices(), "the empty port is any port; so is the one before a rail")
+	assert.True(t, h.log.has(`WARN NET/GoIB : NCCL_IB_HCA=mlx5_0:,mlx5_1::2: entry "mlx5_0:" has an empty port: read as any port of mlx5_0, as NCCL 2.30 does (older NCCL reads it as port 0 and uses no port of mlx5_0); write "mlx5_0" for every port or "mlx5_0:<port>" for one`), h.log.String())
+	assert.Equal(t, 1, h.log.count("has an empty port"), "mlx5_1::2 gives a rail, not an empty port:\n%s", h.log.String())
+
+	for _, spec := range []string{"mlx5_0", "mlx5_0:1", "^mlx5_0,mlx5_1:1", "mlx5_0::2"} {
+		assert.Empty(t, emptyPortWarnings(spec), spec)
+	}
+	assert.Len(t, emptyPortWarnings("^=mlx5_0:,mlx5_1:"), 2)
+}
+
+// hostWithHCAs is a host with HCAs mlx5_0 and mlx5_1 and NCCL_IB_HCA=spec.
+func hostWithHCAs(t *testing.T, spec string) *host {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0"})
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1"})
+	setEnv(t, "NCCL_IB_HCA", spec)
+	return newHost(t, f, verbs.Features{})
 }

@@ -81,12 +81,18 @@ func (c *commCore) regMrDMABuf(data unsafe.Pointer, size int, ptrType nccl.PtrTy
 }
 
 func (c *commCore) register(data unsafe.Pointer, size int, db dmabufRef, fail func(*device, error) error) (nccl.MemHandle, error) {
+	if m := c.fatal.Load(); m != nil {
+		return 0, nccl.Errorf(nccl.SystemError, "NET/GoIB : cannot register memory on %s: %s", c.name, *m)
+	}
 	h := &mrHandle{}
 	for i := range c.devs {
 		d := c.devs[i].device
 		e, err := d.acquire(c.t, data, size, db)
 		if err != nil {
 			_ = h.releaseAll()
+			if ferr := c.t.deviceFatal([]*device{d}); ferr != nil {
+				return 0, ferr // the device died: not a locked-memory problem
+			}
 			return 0, fail(d, err)
 		}
 		h.n = i + 1

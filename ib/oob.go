@@ -81,7 +81,9 @@ func readHandle(h *nccl.Handle) (handleInfo, error) {
 	le := binary.LittleEndian
 	hi := handleInfo{magic: le.Uint64(h[hOffMagic:]), secret: le.Uint64(h[hOffSecret:])}
 	if h[hOffVersion] != handleVersion {
-		return hi, fmt.Errorf("handle version %d is not %d: both ranks must load the same plugin build and use the same transport "+
+		// The ranks disagree on build or transport: a configuration
+		// mistake, reported as the socket transport reports its own.
+		return hi, nccl.Errorf(nccl.InvalidUsage, "handle version %d is not %d: both ranks must load the same plugin build and use the same transport "+
 			"(a socket-transport handle cannot be used by ib: set the same NCCL_GO_TRANSPORT on every rank, or NCCL_IB_DISABLE=1 everywhere)", h[hOffVersion], handleVersion)
 	}
 	port := le.Uint16(h[hOffPort:])
@@ -91,7 +93,7 @@ func readHandle(h *nccl.Handle) (handleInfo, error) {
 	case 6:
 		hi.addr = netip.AddrPortFrom(netip.AddrFrom16([16]byte(h[hOffAddr:hOffAddr+16])), port)
 	default:
-		return hi, fmt.Errorf("handle has address family %d", h[hOffFamily])
+		return hi, nccl.Errorf(nccl.InternalError, "handle has address family %d (the handle is corrupt)", h[hOffFamily])
 	}
 	return hi, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 )
 
 func TestSingleReceiveSizes(t *testing.T) {
@@ -179,6 +180,29 @@ func TestFlush(t *testing.T) {
 		r, err = rc.Iflush([]nccl.RecvBuffer{{Data: rb.ptr(), Size: 0, MH: rb.mh}})
 		require.NoError(t, err)
 		assert.Equal(t, nccl.NoRequest, r, "nothing received: nothing to flush")
+	})
+	t.Run("post fails part-way", func(t *testing.T) {
+		// The READ goes out on the first member and is refused on the
+		// second: the comm fails, and the request slot NCCL never sees
+		// must not stay taken.
+		setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
+		f, a, av, b, bv := fusedHosts(t, 1, 2)
+		sc, rc := connectPair(t, a, av, b, bv)
+		got, sizes := transfer(t, sc, rc, []int{10}, []int{64})
+		rb := newBuf(t, rc, 64, 0)
+		copy(rb.b, got[0])
+		f.InjectFault(softnic.Fault{Device: "simB_1", Ops: []verbs.Opcode{verbs.WrRDMARead}, PostErr: verbs.ENOMEM, Count: 1})
+		r, err := rc.Iflush([]nccl.RecvBuffer{{Data: rb.ptr(), Size: sizes[0], MH: rb.mh}})
+		assert.Equal(t, nccl.NoRequest, r)
+		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+		assert.ErrorContains(t, err, "simB_1")
+		assert.Zero(t, rc.flush.reqs.InUse(), "the failed flush's slot is released")
+		// The READ posted on simB_0 completes into a free slot: progress
+		// must ignore it, and later calls fail fast with the first error.
+		_, err = rc.Iflush([]nccl.RecvBuffer{{Data: rb.ptr(), Size: sizes[0], MH: rb.mh}})
+		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+		assert.Zero(t, rc.flush.reqs.InUse())
+		require.NoError(t, rc.Close())
 	})
 	t.Run("disabled", func(t *testing.T) {
 		setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1", "NCCL_GDR_FLUSH_DISABLE", "1")

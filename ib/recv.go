@@ -75,11 +75,8 @@ func newRecvComm(t *Transport, devs []*device, sm *connMeta, peer string) (*recv
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : completion records: %w", err)
 	}
 	c.rec = c.recMem.sizeRecord()
-	tc := t.cfg.fifoTC
-	if tc < 0 {
-		tc = int(sm.TC)
-	}
-	if err := c.connectQPs(sm, tc, int(sm.SL)); err != nil {
+	qs := t.cfg.receiverQoS(sm)
+	if err := c.connectQPs(sm, qs); err != nil {
 		return nil, err
 	}
 	if (c.ptrSupport&(nccl.PtrCUDA|nccl.PtrDMABuf) != 0 || t.cfg.forceFlush) && !t.cfg.noFlush {
@@ -87,7 +84,7 @@ func newRecvComm(t *Transport, devs []*device, sm *connMeta, peer string) (*recv
 			return nil, err
 		}
 	}
-	c.meta = c.localMeta(c.recMem.addr(), c.recMem, tc, int(sm.SL))
+	c.meta = c.localMeta(c.recMem.addr(), c.recMem, qs.tc, qs.sl)
 	ok = true
 	return c, nil
 }

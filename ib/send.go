@@ -105,8 +105,8 @@ func newSendComm(t *Transport, devs []*device, remDevs int, peer string) (*sendC
 func (s *sendComm) req(slot, e int) *sendReq { return s.reqs.At(int(s.slotReq[slot][e])) }
 
 // finish connects the QPs once the receiver's QP numbers are known.
-func (s *sendComm) finish(rm *connMeta, tc, sl int) error {
-	if err := s.connectQPs(rm, tc, sl); err != nil {
+func (s *sendComm) finish(rm *connMeta, qs qos) error {
+	if err := s.connectQPs(rm, qs); err != nil {
 		return err
 	}
 	s.remRec = rm.Addr

@@ -84,6 +84,10 @@ type hca struct {
 	stopped chan struct{}
 	owners  sync.Map // QP number (uint32) or CQ id (uint64) -> *commCore
 	dmabuf  bool
+	// fatal is the WARN of the device-fatal event the watcher saw (nil:
+	// none). A dead context stays dead until the device is reset, which
+	// this process does not survive: it is never cleared.
+	fatal atomic.Pointer[string]
 }
 
 // device is one usable port: what NCCL sees as a physical device.
@@ -101,9 +105,7 @@ type device struct {
 	fullPCIPath string
 	netdev      string
 	speed       int
-	ar          bool          // adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else on for IB, off for RoCE
-	fatal       atomic.Uint64 // fatal device/port events seen
-	fatalWhy    atomic.Pointer[string]
+	ar          bool // adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else on for IB, off for RoCE
 	mrCache     mrCache
 	stats       mrCounters
 }

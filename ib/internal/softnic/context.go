@@ -24,7 +24,20 @@ func (c *context) aliveLocked(call string) error {
 	if c.done {
 		return c.dev.fabric.violationLocked("%s on %s after ibv_close_device", call, c.dev.cfg.Name)
 	}
+	if c.dev.dead && !releases(call) {
+		return fmt.Errorf("softnic: %s on %s after a fatal device error: %w", call, c.dev.cfg.Name, verbs.Errno(5))
+	}
 	return nil
+}
+
+// releases reports the calls a dead device still serves: freeing what was
+// allocated on it.
+func releases(call string) bool {
+	switch call {
+	case "ibv_close_device", "ibv_dealloc_pd", "ibv_dereg_mr", "ibv_destroy_cq", "ibv_destroy_qp":
+		return true
+	}
+	return false
 }
 
 func (c *context) QueryDevice() (verbs.DeviceAttr, error) {

@@ -66,6 +66,7 @@ type Device struct {
 	mrs    map[uint32]*mr
 	qps    map[uint32]*qp
 	ctxs   map[*context]struct{}
+	dead   bool // Fail was called
 }
 
 type portState struct {
@@ -162,6 +163,16 @@ func (d *Device) SetPortState(port int, s verbs.PortState) {
 	d.ports[port-1].attr.State = s
 }
 
+// Fail makes the device die as an HCA does on a fatal error: it reports
+// IBV_EVENT_DEVICE_FATAL to every open context, and from then on every verbs
+// call on them fails with EIO, except the ones that release resources.
+func (d *Device) Fail() {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	d.dead = true
+	d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+}
+
 // InjectAsyncEvent delivers an asynchronous event as the hardware would: QP
 // and CQ events to the context owning that object, device and port events to
 // every open context of the device.
@@ -220,6 +231,10 @@ type Fault struct {
 	Ops    []verbs.Opcode // nil matches any opcode
 	Status verbs.WCStatus
 	Count  int // WRs to fail before the fault disarms; <= 0 means forever
+	// PostErr, when set, makes ibv_post_send refuse the matching WR (bad_wr
+	// points at it) with this error instead of completing it with Status:
+	// the WRs before it in the list are posted, it and those after are not.
+	PostErr error
 }
 
 type faultState struct {
@@ -242,8 +257,24 @@ func (f *Fabric) ClearFaults() {
 }
 
 func (f *Fabric) matchFaultLocked(dev string, qpn uint32, op verbs.Opcode) (verbs.WCStatus, bool) {
+	fs := f.takeFaultLocked(dev, qpn, op, false)
+	if fs == nil {
+		return 0, false
+	}
+	return fs.Status, true
+}
+
+// matchPostFaultLocked returns the error a post-time fault refuses the WR with.
+func (f *Fabric) matchPostFaultLocked(dev string, qpn uint32, op verbs.Opcode) error {
+	if fs := f.takeFaultLocked(dev, qpn, op, true); fs != nil {
+		return fs.PostErr
+	}
+	return nil
+}
+
+func (f *Fabric) takeFaultLocked(dev string, qpn uint32, op verbs.Opcode, atPost bool) *faultState {
 	for i, fs := range f.faults {
-		if fs.Device != "" && fs.Device != dev || fs.QPNum != 0 && fs.QPNum != qpn {
+		if (fs.PostErr != nil) != atPost || fs.Device != "" && fs.Device != dev || fs.QPNum != 0 && fs.QPNum != qpn {
 			continue
 		}
 		if fs.Ops != nil {
@@ -261,9 +292,9 @@ func (f *Fabric) matchFaultLocked(dev string, qpn uint32, op verbs.Opcode) (verb
 				f.faults = append(f.faults[:i:i], f.faults[i+1:]...)
 			}
 		}
-		return fs.Status, true
+		return fs
 	}
-	return 0, false
+	return nil
 }
 
 // resolveLocked finds the destination port of an address vector.

@@ -190,6 +190,10 @@ func (q *qp) ModifyToRTR(a verbs.RTRAttr) error {
 		return fmt.Errorf("softnic: QP %#x source GID index %d invalid: %w", q.num, a.AH.SGIDIndex, verbs.EINVAL)
 	case !a.AH.IsGlobal && q.dev.cfg.LinkLayer == verbs.LinkEthernet:
 		return fmt.Errorf("softnic: QP %#x: RoCE needs a global address: %w", q.num, verbs.EINVAL)
+	case q.dev.cfg.LinkLayer != verbs.LinkEthernet && a.AH.SL > 15:
+		// An IB service level is 4 bits; RoCE providers use the low bits
+		// as the priority and do not refuse larger values.
+		return fmt.Errorf("softnic: QP %#x service level %d out of range: %w", q.num, a.AH.SL, verbs.EINVAL)
 	}
 	q.state, q.rtr = qpsRTR, a
 	return nil
@@ -305,6 +309,9 @@ func (q *qp) PostSend(wrs []verbs.SendWR) (int, error) {
 				q.num, wr.NumSGE, inline, wr.SGE.Length, q.maxInline, verbs.EINVAL)
 		case q.sqOut >= q.maxSend:
 			return i, fmt.Errorf("softnic: send queue of QP %#x full (%d WRs not retired; signal more often): %w", q.num, q.sqOut, verbs.ENOMEM)
+		}
+		if err := q.dev.fabric.matchPostFaultLocked(q.dev.cfg.Name, q.num, wr.Opcode); err != nil {
+			return i, fmt.Errorf("softnic: post_send on QP %#x (injected): %w", q.num, err)
 		}
 		q.recordSendLocked(wr)
 		q.sqOut++
