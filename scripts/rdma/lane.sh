@@ -7,7 +7,8 @@
 #                   short ib_write_bw), every build/rdma-tests/*.test binary, and the
 #                   C conformance harness over rxe0 with the ib transport forced
 #   lane.sh bench   harness `bench bw` next to ib_write_bw on the same rxe0, at each
-#                   of the harness's message sizes, with plugin/ib_write_bw ratios; then
+#                   of the harness's message sizes, with plugin/ib_write_bw ratios (also
+#                   against ib_write_bw -t 8, the harness's window) and rxe0's counters; then
 #                   harness `bench lat` (8 B p99/median) next to ib_write_lat
 #
 # Host-side decisions arrive as environment (set by mk/rdma.mk, forwarded by run.sh):
