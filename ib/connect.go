@@ -59,11 +59,6 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 	if err != nil {
 		return nil, err
 	}
-	if qs := t.cfg.trafficClass(opts); qs.sl > maxSL && linkLayerOf(devs) != verbs.LinkEthernet {
-		// The IB header has 4 bits for it: no HCA accepts this, and the
-		// receiver, which would fail first, could only blame the sender.
-		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect on %s: %s", devs[0], rtrHint(verbs.LinkInfiniBand, qs))
-	}
 	hi, err := readHandle(handle)
 	if hi.magic != t.cfg.magic { // checked first, as the socket transport does
 		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : connect: handle magic %#x differs from ours %#x: set the same NCCL_SOCKET_MAGIC on every rank", hi.magic, t.cfg.magic)

@@ -62,32 +62,65 @@ func TestHandleVersionMismatchIsInvalidUsage(t *testing.T) {
 	assert.Equal(t, nccl.InternalError, nccl.ResultOf(err))
 }
 
-// An IB service level is 4 bits: the HCA refuses an RTR with more, and the
-// receiver, which moves its QPs first, could only blame the sender. The
-// connector refuses it at once, naming where the value came from
-// (NCCL_IB_SL, or the communicator's traffic class it follows when unset),
-// not the GID settings, which IB does not even use.
+// A service level the HCA refuses at RTR is named in the error with the
+// setting it came from, never blamed on the GID. ConnectX keeps an IB
+// service level's low 4 bits and refuses nothing, and NCCL uses the
+// communicator's traffic class (e.g. 106) as the service level when
+// NCCL_IB_SL is unset, so the plugin must not refuse it itself: only an HCA
+// that does (the model's RefuseSL) fails the connection. The receiver's RTR
+// runs first, with the sender's service level, so its Accept reports it.
 func TestBadServiceLevelNamesItsSetting(t *testing.T) {
+	dial := func(t *testing.T, cfg softnic.DeviceConfig, tclass int) (nccl.SendComm, nccl.RecvComm, error, error) {
+		_, a, b := twoHosts(t, cfg)
+		l, h := listenOn(t, b, 0)
+		var sc nccl.SendComm
+		var rc nccl.RecvComm
+		var cerr, aerr error
+		within(t, "connect and accept settle", func() (bool, error) {
+			if sc == nil && cerr == nil {
+				sc, cerr = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: tclass})
+			}
+			if rc == nil && aerr == nil {
+				rc, aerr = l.Accept()
+			}
+			return (sc != nil || cerr != nil) && (rc != nil || aerr != nil), nil
+		})
+		t.Cleanup(func() {
+			if sc != nil {
+				_ = sc.Close()
+			}
+			if rc != nil {
+				_ = rc.Close()
+			}
+		})
+		return sc, rc, cerr, aerr
+	}
 	for _, c := range []struct {
 		env    []string
 		tclass int
 		want   string
 	}{
-		{[]string{"NCCL_IB_SL", "16"}, nccl.TrafficClassUndef, "service level 16 is out of range (0-15); it comes from NCCL_IB_SL"},
-		{nil, 106, "service level 106 is out of range (0-15); it comes from the communicator's traffic class (NCCL_IB_SL is unset)"},
+		{[]string{"NCCL_IB_SL", "16"}, nccl.TrafficClassUndef, "service level 16 is out of range (0-15); it comes from the sender's NCCL_IB_SL"},
+		{nil, 106, "service level 106 is out of range (0-15); it comes from the sender's NCCL_IB_SL (or its communicator's traffic class when that is unset)"},
 	} {
 		setEnv(t, c.env...)
-		_, a, b := twoHosts(t, softnic.DeviceConfig{})
-		_, h := listenOn(t, b, 0)
-		sc, err := a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: c.tclass})
-		require.Nil(t, sc)
-		assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err), "%v", err)
-		assert.ErrorContains(t, err, c.want)
-		assert.NotContains(t, fmt.Sprint(err), "GID")
+		sc, rc, cerr, aerr := dial(t, softnic.DeviceConfig{RefuseSL: true}, c.tclass)
+		require.Nil(t, rc)
+		assert.Equal(t, nccl.SystemError, nccl.ResultOf(aerr), "%v", aerr)
+		assert.ErrorContains(t, aerr, c.want)
+		assert.NotContains(t, fmt.Sprint(aerr), "GID")
+		assert.True(t, sc == nil || cerr == nil, "connect settled")
 	}
-	// RoCE uses the low bits as the priority and refuses nothing: no check.
+	// ConnectX (the model's default): the traffic class as service level connects.
+	setEnv(t)
+	sc, rc, cerr, aerr := dial(t, softnic.DeviceConfig{}, 106)
+	require.NoError(t, cerr)
+	require.NoError(t, aerr)
+	assert.NotNil(t, sc)
+	assert.NotNil(t, rc)
+	// RoCE uses the low bits as the priority and refuses nothing.
 	setEnv(t, "NCCL_IB_SL", "16")
-	_, a, b := twoHosts(t, softnic.DeviceConfig{LinkLayer: verbs.LinkEthernet})
+	_, a, b := twoHosts(t, softnic.DeviceConfig{LinkLayer: verbs.LinkEthernet, RefuseSL: true})
 	connectPair(t, a, 0, b, 0)
 }
 

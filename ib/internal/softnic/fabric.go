@@ -55,6 +55,11 @@ type DeviceConfig struct {
 	GIDs      []GIDEntry      // RoCE GID table [one IPv4 RoCE v2 GID per device]
 	NetDev    string          // netdev named in sysfs for RoCE [<name>_eth]
 	PCIPath   string          // [/sys/devices/pci0000:<i>/0000:<i>:00.0]
+	// RefuseSL makes RTR refuse a service level above 15 on IB. ConnectX
+	// does not (mlx5 keeps the low 4 bits, which is why NCCL's habit of
+	// using the communicator's traffic class as the service level works
+	// there); other HCAs may, and this is how tests reach the RTR failure.
+	RefuseSL bool
 }
 
 // Device is one software HCA.

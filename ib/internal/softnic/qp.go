@@ -190,9 +190,7 @@ func (q *qp) ModifyToRTR(a verbs.RTRAttr) error {
 		return fmt.Errorf("softnic: QP %#x source GID index %d invalid: %w", q.num, a.AH.SGIDIndex, verbs.EINVAL)
 	case !a.AH.IsGlobal && q.dev.cfg.LinkLayer == verbs.LinkEthernet:
 		return fmt.Errorf("softnic: QP %#x: RoCE needs a global address: %w", q.num, verbs.EINVAL)
-	case q.dev.cfg.LinkLayer != verbs.LinkEthernet && a.AH.SL > 15:
-		// An IB service level is 4 bits; RoCE providers use the low bits
-		// as the priority and do not refuse larger values.
+	case q.dev.cfg.RefuseSL && q.dev.cfg.LinkLayer != verbs.LinkEthernet && a.AH.SL > 15:
 		return fmt.Errorf("softnic: QP %#x service level %d out of range: %w", q.num, a.AH.SL, verbs.EINVAL)
 	}
 	q.state, q.rtr = qpsRTR, a
