@@ -245,6 +245,25 @@ hw_delta() {
        END { printf "%s counters during %s:%s\n", ENVIRON["RDMA_LANE_DEV"], what, (s ? s : " (none moved, or none readable)") }' "$1" "$2"
 }
 
+# write_bw NAME PORT SIZE N [OPTION...]: an ib_write_bw pair on $DEV at SIZE
+# bytes, N iterations, both ends with OPTIONs; its GB/s goes to $wb_gbs (not
+# through a subshell, so that fail's record survives). --report_gbits:
+# decimal Gbit/s (perftest's MB/sec is MiB/s); /8 gives GB/s, the harness's unit.
+write_bw() {
+  local name=$1 port=$2 size=$3 n=$4 gbit; shift 4
+  wb_gbs=
+  if ! pair "$name" "$port" 300 \
+    ib_write_bw -d "$DEV" -x "$GID" -p "$port" -s "$size" -n "$n" "$@" -F --report_gbits -- \
+    ib_write_bw -d "$DEV" -x "$GID" -p "$port" -s "$size" -n "$n" "$@" -F --report_gbits "$ADDR" >/dev/null; then
+    sed 's/^/  /' "$work/$name.cli"
+    fail bench "ib_write_bw ${*:+$* }pair failed at $size bytes"; return 1
+  fi
+  gbit=$(awk -v s="$size" '$1 == s && NF >= 4 { v = $4 } END { print v }' "$work/$name.cli")
+  [ -n "$gbit" ] || { fail bench "no $size-byte line in ib_write_bw ${*:+$* }output"; return 1; }
+  wb_gbs=$(awk -v g="$gbit" 'BEGIN { printf "%.4f", g / 8 }')
+  echo "ib_write_bw ${*:+$* }$size B x $n: $gbit Gbit/s = $wb_gbs GB/s"
+}
+
 bench() {
   section "harness bench bw over $DEV (NCCL_GO_TRANSPORT=ib)"
   if [ "${RDMA_LANE_HARNESS:-}" = absent ] || [ ! -x "$HARNESS" ] || [ ! -f "$PLUGIN" ]; then
@@ -276,40 +295,23 @@ bench() {
   [ -s "$work/harness.rows" ] || { fail bench "no rows found in the harness's bandwidth table"; summary; }
 
   section "ib_write_bw on $DEV at the same message sizes"
-  local size gbps n gbit ref ref8 port=18520
+  local size gbps n ref ref8 port=18520 wb_gbs
   : >"$work/table"
   while read -r size gbps; do
     # About 128 MiB per size, as rxe under emulation moves tens of MB/s.
     n=$(( (128 << 20) / size )); [ "$n" -lt 16 ] && n=16; [ "$n" -gt 5000 ] && n=5000
     hw_snap "$work/hw.0"
-    # --report_gbits: decimal Gbit/s (perftest's MB/sec is MiB/s); /8 gives GB/s.
-    if ! pair "write_bw_$size" $port 300 \
-      ib_write_bw -d "$DEV" -x "$GID" -p $port -s "$size" -n "$n" -F --report_gbits -- \
-      ib_write_bw -d "$DEV" -x "$GID" -p $port -s "$size" -n "$n" -F --report_gbits "$ADDR" >/dev/null; then
-      sed 's/^/  /' "$work/write_bw_$size.cli"
-      fail bench "ib_write_bw pair failed at $size bytes"; summary
-    fi
+    write_bw "write_bw_$size" $port "$size" "$n" || summary
+    ref=$wb_gbs
     port=$((port + 1))
-    gbit=$(awk -v s="$size" '$1 == s && NF >= 4 { v = $4 } END { print v }' "$work/write_bw_$size.cli")
-    [ -n "$gbit" ] || { fail bench "no $size-byte line in ib_write_bw output"; summary; }
-    ref=$(awk -v g="$gbit" 'BEGIN { printf "%.4f", g / 8 }')
-    echo "ib_write_bw $size B x $n: $gbit Gbit/s = $ref GB/s"
     hw_snap "$work/hw.1"; hw_delta "$work/hw.0" "$work/hw.1" "ib_write_bw at $size B"
     # The same with as many writes in flight as the harness keeps messages in
     # flight (8, NCCL_STEPS; perftest's default is 128). It tells how much of
     # a gap is the window NCCL's proxy allows rather than the plugin: it is a
     # second column, the target stays against the default above.
-    if ! pair "write_bw8_$size" $port 300 \
-      ib_write_bw -d "$DEV" -x "$GID" -p $port -s "$size" -n "$n" -t 8 -F --report_gbits -- \
-      ib_write_bw -d "$DEV" -x "$GID" -p $port -s "$size" -n "$n" -t 8 -F --report_gbits "$ADDR" >/dev/null; then
-      sed 's/^/  /' "$work/write_bw8_$size.cli"
-      fail bench "ib_write_bw -t 8 pair failed at $size bytes"; summary
-    fi
+    write_bw "write_bw8_$size" $port "$size" "$n" -t 8 || summary
+    ref8=$wb_gbs
     port=$((port + 1))
-    gbit=$(awk -v s="$size" '$1 == s && NF >= 4 { v = $4 } END { print v }' "$work/write_bw8_$size.cli")
-    [ -n "$gbit" ] || { fail bench "no $size-byte line in ib_write_bw -t 8 output"; summary; }
-    ref8=$(awk -v g="$gbit" 'BEGIN { printf "%.4f", g / 8 }')
-    echo "ib_write_bw -t 8 $size B x $n: $gbit Gbit/s = $ref8 GB/s"
     echo "$size $gbps $ref $ref8" >>"$work/table"
   done <"$work/harness.rows"
 
