@@ -34,9 +34,9 @@ const (
 	// (docs/performance.md): on 16 cores 4 streams with a goroutine each
 	// moved 1 MiB messages at 3.0-4.8× one stream driven by NCCL's thread;
 	// 8 only added context switches. On 2 cores, 4 streams moved by NCCL's
-	// thread alone cost a third of the bandwidth at 1 MiB and gained nothing
-	// clear at 64 MiB ("Data streams on 2 cores"), so small hosts default to
-	// no data streams.
+	// thread alone cost a third of the bandwidth at 1 MiB and gained about a
+	// tenth at 64 MiB, still short of TCP x4 ("Data streams on 2 cores"), so
+	// small hosts default to no data streams.
 	defaultNThreads   = 4
 	defaultNSocks     = 1
 	minCPUsForStreams = 8
