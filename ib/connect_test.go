@@ -109,7 +109,9 @@ func TestBadServiceLevelNamesItsSetting(t *testing.T) {
 		assert.Equal(t, nccl.SystemError, nccl.ResultOf(aerr), "%v", aerr)
 		assert.ErrorContains(t, aerr, c.want)
 		assert.NotContains(t, fmt.Sprint(aerr), "GID")
-		assert.True(t, sc == nil || cerr == nil, "connect settled")
+		// The receiver dropped the handshake: the sender must not get a comm.
+		assert.Nil(t, sc)
+		assert.Error(t, cerr)
 	}
 	// ConnectX (the model's default): the traffic class as service level connects.
 	setEnv(t)
