@@ -1,7 +1,10 @@
 package ib
 
 import (
+	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -73,4 +76,51 @@ func TestDeviceFatalFailsCommsWithTheCause(t *testing.T) {
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(aerr))
 	assert.ErrorContains(t, aerr, cause)
 	assert.NotContains(t, aerr.Error(), "errno")
+}
+
+// A data-path verbs call that fails before the async watcher has read the
+// device's fatal event (rxe's post_send and post_recv are system calls that
+// return EIO at once) must report the event, not the EIO, like the calls
+// made after it; when no event comes, the verbs error itself, with no hang.
+func TestDataPathFailureBeforeTheEventNamesIt(t *testing.T) {
+	const event = "encountered a fatal error: %s: fatal async event IBV_EVENT_DEVICE_FATAL"
+	t.Run("receiver", func(t *testing.T) {
+		setEnv(t)
+		f, a, b := twoHosts(t, softnic.DeviceConfig{})
+		_, rc := connectPair(t, a, 0, b, 0)
+		buf := newBuf(t, rc, 64, 0)
+		findDevice(t, f, "simB_0").FailEventLater(20 * time.Millisecond)
+		_, err := rc.Irecv([]nccl.RecvBuffer{{Data: buf.ptr(), Size: 64, MH: buf.mh}})
+		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+		assert.ErrorContains(t, err, fmt.Sprintf(event, "simB_0"))
+		assert.ErrorContains(t, err, "the call that failed: NET/GoIB : ibv_post_recv on simB_0")
+		_, again := rc.Irecv([]nccl.RecvBuffer{{Data: buf.ptr(), Size: 64, MH: buf.mh}})
+		assert.Equal(t, err, again, "the failure is sticky")
+	})
+	t.Run("sender", func(t *testing.T) {
+		setEnv(t)
+		f, a, b := twoHosts(t, softnic.DeviceConfig{})
+		sc, rc := connectPair(t, a, 0, b, 0)
+		sbuf, rbuf := newBuf(t, sc, 64, 1), newBuf(t, rc, 64, 0)
+		_, err := rc.Irecv([]nccl.RecvBuffer{{Data: rbuf.ptr(), Size: 64, MH: rbuf.mh}})
+		require.NoError(t, err)
+		within(t, "clear-to-send arrived", func() (bool, error) { return atomic.LoadUint64(&sc.cts[0][0].Idx) == 1, nil })
+		findDevice(t, f, "simA_0").FailEventLater(20 * time.Millisecond)
+		_, err = sc.Isend(sbuf.ptr(), 64, 0, sbuf.mh)
+		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+		assert.ErrorContains(t, err, fmt.Sprintf(event, "simA_0"))
+		assert.ErrorContains(t, err, "the call that failed: NET/GoIB : ibv_post_send on simA_0")
+	})
+	t.Run("no event", func(t *testing.T) {
+		setEnv(t)
+		f, a, b := twoHosts(t, softnic.DeviceConfig{})
+		_, rc := connectPair(t, a, 0, b, 0)
+		buf := newBuf(t, rc, 64, 0)
+		findDevice(t, f, "simB_0").FailEventLater(-1)
+		_, err := rc.Irecv([]nccl.RecvBuffer{{Data: buf.ptr(), Size: 64, MH: buf.mh}})
+		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+		assert.ErrorContains(t, err, "ibv_post_recv on simB_0")
+		assert.ErrorContains(t, err, "errno 5")
+		assert.NotContains(t, err.Error(), "fatal async event")
+	})
 }

@@ -3,6 +3,7 @@ package ib
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -27,6 +28,11 @@ const (
 	flushIDBase = maxRequests // flush request ids follow receive ids
 
 	maxSL = 15 // an IB service level is 4 bits
+
+	// fatalGrace bounds how long a failed data-path verbs call waits for
+	// the async watcher to read the fatal event that explains it (see
+	// verbsFailed).
+	fatalGrace = 100 * time.Millisecond
 )
 
 // commQP is one RC QP of a connection.
@@ -83,6 +89,37 @@ func (c *commCore) check() error {
 		return c.failed
 	}
 	return nil
+}
+
+// verbsFailed records err, the failure of a data-path verbs call, as the
+// comm's sticky failure. A device or QP that dies makes verbs calls fail
+// before the async watcher, on another thread, has read the event that says
+// why: rxe's post and poll return EIO, and a QP the device moved to the
+// error state flushes its work requests. Reporting that errno would hide the
+// cause (and, for a flushed completion, blame the peer), so when wait is set
+// the call waits up to fatalGrace for the event and reports it instead; a
+// failure with no fatal event behind it (or NCCL_IB_RETURN_ASYNC_EVENTS=0,
+// which keeps the watcher from marking comms) is reported as it is, after
+// the grace. Only error paths wait, once per comm: the failure is sticky.
+func (c *commCore) verbsFailed(err error, wait bool) error {
+	if m := c.awaitFatal(wait); m != nil {
+		err = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s (the call that failed: %v)", c.peer, *m, err)
+	}
+	c.failed = err
+	return err
+}
+
+func (c *commCore) awaitFatal(wait bool) *string {
+	if !c.cfg.returnAsync {
+		return nil
+	}
+	deadline := time.Now().Add(fatalGrace)
+	for {
+		if m := c.fatal.Load(); m != nil || !wait || time.Now().After(deadline) {
+			return m
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // deviceFatal is the error for setting up a comm over devices one of which
@@ -335,8 +372,10 @@ func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
 	}
 	c.log.Warnf("NET/GoIB : got completion from peer %s with status=%v(%d) opcode=%v (%s) len=%d vendor_err=%d on %s: %s",
 		c.peer, wc.Status, int(wc.Status), wc.Opcode, kind, wc.ByteLen, wc.VendorErr, c.devs[ci].device, hint)
-	c.failed = nccl.Errorf(nccl.RemoteError, "NET/GoIB : completion with status %v on %s from %s", wc.Status, c.devs[ci].device, c.peer)
-	return c.failed
+	// A flushed completion is what a QP in the error state returns, which a
+	// dying device causes as well as an earlier failure: wait for the event.
+	return c.verbsFailed(nccl.Errorf(nccl.RemoteError, "NET/GoIB : completion with status %v on %s from %s", wc.Status, c.devs[ci].device, c.peer),
+		wc.Status == verbs.WCWRFlushErr)
 }
 
 // ptrSupport is what NCCL may register on a comm over devs.

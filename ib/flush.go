@@ -113,8 +113,7 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 			// still complete; progress ignores completions of free slots,
 			// and the failed comm hands out no new flush to reuse it.
 			f.reqs.Put(id)
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (flush) on %s: %w", c.devs[d].device, err)
-			return nccl.NoRequest, c.failed
+			return nccl.NoRequest, c.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (flush) on %s: %w", c.devs[d].device, err), true)
 		}
 	}
 	return nccl.Request(flushIDBase + id), nil

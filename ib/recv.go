@@ -133,8 +133,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	for i := 0; i < nq; i++ {
 		qi := int((c.fifoHead*uint64(nq) + uint64(i)) % uint64(len(c.qps)))
 		if _, err := c.qps[qi].qp.PostRecv(c.rwr[:]); err != nil {
-			c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_recv on %s: %w", c.devs[c.qps[qi].dev].device, err)
-			return nccl.NoRequest, c.failed
+			return nccl.NoRequest, c.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_recv on %s: %w", c.devs[c.qps[qi].dev].device, err), true)
 		}
 	}
 	idx := c.fifoHead + 1
@@ -157,8 +156,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		SGE:        verbs.SGE{Addr: c.shadow.addr() + uint64(slot*maxRecvs*ctsEntrySize), Length: uint32(n * ctsEntrySize), LKey: c.shadow.lkeys[q.dev]},
 		RemoteAddr: c.remFifo + uint64(slot*maxRecvs*ctsEntrySize), RKey: c.remFifoRKeys[q.remDev]}
 	if _, err := q.qp.PostSend(c.swr[:]); err != nil {
-		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (CTS) on %s: %w", c.devs[q.dev].device, err)
-		return nccl.NoRequest, c.failed
+		return nccl.NoRequest, c.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (CTS) on %s: %w", c.devs[q.dev].device, err), true)
 	}
 	*req = recvReq{inUse: true, n: n, pending: nq}
 	for i := range bufs {
@@ -229,8 +227,7 @@ func (c *recvComm) progress() error {
 		for {
 			n, err := cq.Poll(c.wcs[:])
 			if err != nil {
-				c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", c.devs[ci].device, err)
-				return c.failed
+				return c.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", c.devs[ci].device, err), true)
 			}
 			for k := 0; k < n; k++ {
 				wc := &c.wcs[k]

@@ -263,8 +263,7 @@ func (s *sendComm) post(slot, nreqs int) error {
 			n++
 		}
 		if _, err := q.qp.PostSend(s.wrs[:n]); err != nil {
-			s.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send on %s to %s: %w", s.devs[q.dev].device, s.peer, err)
-			return s.failed
+			return s.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send on %s to %s: %w", s.devs[q.dev].device, s.peer, err), true)
 		}
 	}
 	return nil
@@ -336,8 +335,7 @@ func (s *sendComm) progress() error {
 		for {
 			n, err := cq.Poll(s.wcs[:])
 			if err != nil {
-				s.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", s.devs[ci].device, err)
-				return s.failed
+				return s.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_poll_cq on %s: %w", s.devs[ci].device, err), true)
 			}
 			for k := 0; k < n; k++ {
 				wc := &s.wcs[k]

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 )
@@ -176,6 +177,18 @@ func (d *Device) Fail() {
 	defer d.fabric.mu.Unlock()
 	d.dead = true
 	d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventDeviceFatal})
+}
+
+// FailEventLater is Fail with the event reported delay later (never, for a
+// negative delay): the race a host sees, whose verbs calls fail as soon as
+// the device dies while the event reaches the async fd's reader later.
+func (d *Device) FailEventLater(delay time.Duration) {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	d.dead = true
+	if delay >= 0 {
+		time.AfterFunc(delay, func() { d.InjectAsyncEvent(verbs.AsyncEvent{Type: verbs.EventDeviceFatal}) })
+	}
 }
 
 // InjectAsyncEvent delivers an asynchronous event as the hardware would: QP
