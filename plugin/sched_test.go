@@ -42,3 +42,50 @@ func TestRefreshSchedDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%v allocations per call", n)
 	}
 }
+
+// Slow calls (a test after an isend whose post is a system call doing the
+// NIC's work) must still pass through the scheduler about once per period:
+// counting 256 calls between clock reads made the period last 256 calls.
+func TestRefreshSchedKeepsThePeriodWhenCallsAreSlow(t *testing.T) {
+	var yields atomic.Int64
+	old := schedYield
+	schedYield = func() { yields.Add(1); runtime.Gosched() }
+	t.Cleanup(func() { schedYield = old })
+
+	const poll = 300 * time.Millisecond
+	calls := 0
+	start := time.Now()
+	for time.Since(start) < poll {
+		refreshSched()
+		calls++
+		for t0 := time.Now(); time.Since(t0) < 200*time.Microsecond; {
+		}
+	}
+	elapsed := time.Since(start)
+	got := yields.Load()
+	periods := int64(elapsed / (schedRefresh * time.Nanosecond))
+	t.Logf("%d calls of 200 µs in %v: %d yields (%d periods)", calls, elapsed, got, periods)
+	if got < periods/2 {
+		t.Fatalf("%d yields in %v of slow calls, want at least %d (about one per %v)", got, elapsed, periods/2, schedRefresh*time.Nanosecond)
+	}
+}
+
+func TestPaceEvery(t *testing.T) {
+	for _, c := range []struct {
+		every uint32
+		gap   int64
+		want  uint32
+	}{
+		{256, 256 * schedCheckGap, 1}, // calls of a millisecond: read every call
+		{256, 4 * schedCheckGap, 64},  // in proportion
+		{1, 100 * schedCheckGap, 1},   // never below one
+		{64, schedCheckGap / 2, 64},   // near the aim: kept
+		{64, schedCheckGap / 8, 128},  // fast: doubles
+		{256, schedCheckGap / 8, 256}, // never above schedCheckEvery
+		{200, schedCheckGap / 8, 256}, // capped
+	} {
+		if got := paceEvery(c.every, c.gap); got != c.want {
+			t.Errorf("paceEvery(%d, %d) = %d, want %d", c.every, c.gap, got, c.want)
+		}
+	}
+}

@@ -29,8 +29,19 @@ func procPin() int
 func procUnpin()
 
 const (
-	// schedCheckEvery: calls on a P between two reads of the clock.
+	// schedCheckEvery: the most calls on a P between two reads of the clock,
+	// where calls are fast (an idle test: under a microsecond).
 	schedCheckEvery = 256
+	// schedCheckGap: how far apart the clock reads aim to be. Counting
+	// calls alone misses the period when calls are slow: a test that
+	// follows an isend whose ibv_post_send is a system call doing the NIC's
+	// work (rxe: about a millisecond per 64 KiB in the Soft-RoCE lane) makes
+	// 256 calls last far beyond sysmon's 10 ms, and sysmon starts
+	// preempting NCCL's thread (SIGURG) and napping 20 µs again. So the
+	// count adapts: it starts at 1, shrinks in proportion when reads come
+	// further apart than this, and doubles when they come a quarter of it
+	// apart.
+	schedCheckGap = 1_000_000 // ns
 	// schedRefresh: the longest a P polled by NCCL goes without passing
 	// through the scheduler, kept under sysmon's 10 ms forcePreemptNS. 5 ms
 	// gave the same tail with 1.5x the futex wake-ups (each Gosched wakes an
@@ -42,17 +53,19 @@ const (
 // fields are atomic because the P moves between threads without a
 // synchronisation the race detector sees.
 type schedPace struct {
-	calls atomic.Uint32
-	last  atomic.Int64
-	_     [48]byte // a cache line per P: NCCL's threads run on different Ps
+	calls atomic.Uint32 // since the last clock read
+	every atomic.Uint32 // calls between clock reads, 1..schedCheckEvery (0: 1)
+	check atomic.Int64  // the last clock read
+	last  atomic.Int64  // the last pass through the scheduler
+	_     [40]byte      // a cache line per P: NCCL's threads run on different Ps
 }
 
 // schedPaces covers P ids below its length; a P beyond it (GOMAXPROCS above
 // 256) is left to sysmon.
 var schedPaces [256]schedPace
 
-// refreshSched is called on every test. It costs two loads and a store,
-// plus a clock read every schedCheckEvery-th call on the P.
+// refreshSched is called on every test. It costs three loads and a store,
+// plus a clock read every p.every-th call on the P.
 func refreshSched() {
 	pid := procPin()
 	procUnpin()
@@ -60,17 +73,35 @@ func refreshSched() {
 		return
 	}
 	p := &schedPaces[pid]
+	every := max(p.every.Load(), 1)
 	n := p.calls.Load() + 1
-	p.calls.Store(n)
-	if n%schedCheckEvery != 0 {
+	if n < every {
+		p.calls.Store(n)
 		return
 	}
+	p.calls.Store(0)
 	now := clock.Now()
+	if prev := p.check.Load(); prev != 0 {
+		p.every.Store(paceEvery(every, now-prev))
+	}
+	p.check.Store(now)
 	if now-p.last.Load() < schedRefresh {
 		return
 	}
 	p.last.Store(now)
 	schedYield()
+}
+
+// paceEvery is the next count of calls between clock reads, given the count
+// that just took gap nanoseconds.
+func paceEvery(every uint32, gap int64) uint32 {
+	switch {
+	case gap > schedCheckGap:
+		every = uint32(max(1, int64(every)*schedCheckGap/gap))
+	case gap < schedCheckGap/4 && every < schedCheckEvery:
+		every = min(2*every, schedCheckEvery)
+	}
+	return every
 }
 
 // schedYield is runtime.Gosched; tests count the yields through it.
