@@ -229,6 +229,9 @@ bool past_deadline(rank_t* r);
 /* faults.c: parses its own arguments (argv[2] is the scenario). */
 int cmd_faults(int argc, char** argv);
 
+/* bench --rounds: 1 lets a caller (the Soft-RoCE lane) alternate the plugin with its own reference. */
+#define BENCH_MAX_ROUNDS 9
+
 typedef struct {
   const char* plugin;
   int versions[HARNESS_MAX_VERSIONS];
@@ -240,6 +243,7 @@ typedef struct {
   int size_set, iters_set; /* bench, concurrent: given on the command line */
   int plugin_only;          /* bench: no TCP baselines */
   size_t bw_bytes;          /* bench: bytes per bandwidth measurement, 0 = BW_BYTES */
+  int rounds;               /* bench: rounds per figure, 0 = ROUNDS, at most BENCH_MAX_ROUNDS */
   double linger;
   const char* bench_what;
   const char* only;   /* conformance: comma-separated check names to run (NULL = all) */

@@ -3,7 +3,7 @@
  *
  *   ncclnet-harness conformance --plugin PATH [--versions 8,9,10,11,12] [--timeout SEC]
  *   ncclnet-harness transfer    --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]
- *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--plugin-only] [lat|bw|all]
+ *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--rounds N] [--plugin-only] [lat|bw|all]
  *   ncclnet-harness concurrent  --plugin PATH [--versions 10,11,12] [--threads N] [--iters N] [--size BYTES]
  *
  * Exit status is 0 only when everything that ran passed.
@@ -30,7 +30,7 @@ static void usage(FILE* f) {
           "      Moves SIZE bytes (default 64M) ITERS times (default 16) from one process to\n"
           "      another with 8 requests in flight, verifies every byte and prints GB/s.\n"
           "      --linger keeps both processes (and their comms) alive SEC seconds afterwards.\n"
-          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--plugin-only] [lat|bw|all]\n"
+          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--rounds N] [--plugin-only] [lat|bw|all]\n"
           "      Latency (ping-pong round trip, 8 B..1 MiB) and bandwidth (8 in flight,\n"
           "      64 KiB..64 MiB) through the plugin, driven as NCCL's proxy drives it\n"
           "      (sched_yield when a pass made no progress), next to plain TCP sockets\n"
@@ -38,7 +38,8 @@ static void usage(FILE* f) {
           "      alternating rounds, each process's CPU %% and threads, plugin/TCP ratios.\n"
           "      --size runs that one size only; --iters sets the ping-pongs per round;\n"
           "      --plugin-only skips the TCP baselines (to profile the plugin alone);\n"
-          "      --bw-bytes moves B per size, method and round instead of 1 GiB (slow links).\n"
+          "      --bw-bytes moves B per size, method and round instead of 1 GiB (slow links);\n"
+          "      --rounds takes each figure as the median of N rounds (1..9, default 3).\n"
           "  ncclnet-harness concurrent --plugin PATH [--versions 8,9,10,11,12] [--threads N] [--iters N] [--size BYTES]\n"
           "      NCCL's threads at once: per rank, N progress threads (default 3) each with its\n"
           "      own communicator (v11+: own init/finalize) stream ITERS messages (default 500)\n"
@@ -136,6 +137,14 @@ int main(int argc, char** argv) {
         fprintf(stderr, "ncclnet-harness: --bw-bytes %s: use a byte count (suffix K, M or G allowed)\n", v);
         return 2;
       }
+    } else if (!strcmp(cmd, "bench") && !strcmp(a, "--rounds")) {
+      NEED_VALUE char* end;
+      long n = strtol(v, &end, 10);
+      if (*end || n < 1 || n > BENCH_MAX_ROUNDS) {
+        fprintf(stderr, "ncclnet-harness: --rounds %s: use a count in 1..%d\n", v, BENCH_MAX_ROUNDS);
+        return 2;
+      }
+      o.rounds = (int)n;
     } else if (!strcmp(a, "--iters")) {
       NEED_VALUE char* end;
       long it = strtol(v, &end, 10);

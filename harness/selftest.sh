@@ -31,5 +31,10 @@ expect "$out" '^FAIL concurrent v8: rank [01] .*connect returned ncclSystemError
 out="$("$H" conformance --plugin /nonexistent/libnccl-net-x.so --versions 9 2>&1)"; rc=$?
 [ "$rc" -eq 1 ] && echo "ok   - missing library fails" || { echo "FAIL - missing library: exit $rc"; fail=1; }
 expect "$out" '^FAIL v9 load: dlopen' "dlopen error reported"
+for n in 0 10 x; do
+  out="$("$H" bench --plugin "$BAD" --rounds "$n" bw 2>&1)"; rc=$?
+  [ "$rc" -eq 2 ] && echo "ok   - bench --rounds $n refused" || { echo "FAIL - bench --rounds $n: exit $rc, want 2"; fail=1; }
+  expect "$out" "^ncclnet-harness: --rounds $n: use a count in 1\.\.9$" "bench --rounds $n says what to use"
+done
 [ $fail -eq 0 ] && echo "harness self-test passed" || echo "harness self-test FAILED"
 exit $fail
