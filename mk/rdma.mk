@@ -13,7 +13,7 @@ RDMA_TESTS_DIR := $(BUILD)/rdma-tests
 RDMA_HARNESS_BIN ?= $(HARNESS)
 RDMA_TIMEOUT ?= 1800
 RDMA_GOTEST_FLAGS ?= -race
-RDMA_BENCH_TIMEOUT ?= 900
+RDMA_BENCH_TIMEOUT ?= 1500
 
 # The harness (mk/harness.mk) and the plugin are built by their own fragments;
 # until the harness exists the lane says so instead of failing to find a rule.

@@ -16,7 +16,9 @@
 #   --no-setup     do not run setup.sh first (it is cheap when nothing changed)
 # In the guest: NCCL_IB_HCA=rxe0 and NCCL_SOCKET_IFNAME=rxenet0 unless the host sets
 # them; host NCCL_*, GODEBUG, GOTRACEBACK, GOMAXPROCS and RDMA_LANE_* are forwarded;
-# RDMA_LANE_GID_INDEX holds rxe0's IPv4 RoCE v2 GID index.
+# RDMA_LANE_GID_INDEX holds rxe0's IPv4 RoCE v2 GID index. RDMA_LANE_KERNEL_ARGS is
+# appended to the guest kernel's command line (e.g. "tsc=reliable clocksource=tsc":
+# under TCG the guest otherwise keeps HPET, where every clock_gettime is a system call).
 # Exit status: the command's; 124 if the guest ran out of time; 125 if the guest
 # failed before or without reporting one (the console log says why).
 set -euo pipefail
@@ -132,7 +134,7 @@ timeout --foreground -k 10 "$limit" qemu-system-x86_64 \
   -nodefaults -no-user-config -machine q35 -accel tcg,thread=multi -cpu max \
   -smp "$smp" -m "$mem" -display none -monitor none -serial stdio -no-reboot \
   -kernel "$state/kernel/$kver/vmlinuz" -initrd "$tmp/initrd.cpio" \
-  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init" \
+  -append "console=ttyS0 quiet loglevel=3 panic=-1 rdinit=/init${RDMA_LANE_KERNEL_ARGS:+ $RDMA_LANE_KERNEL_ARGS}" \
   -virtfs "local,path=$repo,mount_tag=repo,security_model=none,id=repo" \
   </dev/null 2>&1 | tr -d '\r' | tee "$log" | grep --line-buffered -v -e "^@@RDMA-LANE-EXIT:$nonce:" -e "reboot: Power down$"
 qrc=${PIPESTATUS[0]}
