@@ -7,25 +7,38 @@ import (
 	"time"
 )
 
-// NCCL's thread polling test must pass through the scheduler about once per
-// schedRefresh on its P, never not at all (sysmon would spin) and never
-// once per call (each yield wakes a thread).
-func TestRefreshSchedYieldsOncePerPeriod(t *testing.T) {
+// countYields makes schedYield count its calls until the test ends.
+func countYields(t *testing.T) *atomic.Int64 {
 	var yields atomic.Int64
 	old := schedYield
 	schedYield = func() { yields.Add(1); runtime.Gosched() }
 	t.Cleanup(func() { schedYield = old })
+	return &yields
+}
 
-	const poll = 100 * time.Millisecond
-	calls := 0
+// pollSched calls refreshSched for d, each call lasting at least cost, and
+// returns the calls made, the time they took and the refresh periods in it.
+func pollSched(d, cost time.Duration) (calls int, elapsed time.Duration, periods int64) {
 	start := time.Now()
-	for time.Since(start) < poll {
+	for time.Since(start) < d {
 		refreshSched()
 		calls++
+		if cost > 0 {
+			for t0 := time.Now(); time.Since(t0) < cost; {
+			}
+		}
 	}
-	elapsed := time.Since(start)
+	elapsed = time.Since(start)
+	return calls, elapsed, int64(elapsed / (schedRefresh * time.Nanosecond))
+}
+
+// NCCL's thread polling test must pass through the scheduler about once per
+// schedRefresh on its P, never not at all (sysmon would spin) and never
+// once per call (each yield wakes a thread).
+func TestRefreshSchedYieldsOncePerPeriod(t *testing.T) {
+	yields := countYields(t)
+	calls, elapsed, periods := pollSched(100*time.Millisecond, 0)
 	got := yields.Load()
-	periods := int64(elapsed / (schedRefresh * time.Nanosecond))
 	// The loop may run on any of GOMAXPROCS Ps, each paced on its own.
 	most := (periods + 1) * int64(runtime.GOMAXPROCS(0))
 	t.Logf("%d calls in %v: %d yields (at most %d)", calls, elapsed, got, most)
@@ -47,23 +60,9 @@ func TestRefreshSchedDoesNotAllocate(t *testing.T) {
 // NIC's work) must still pass through the scheduler about once per period:
 // counting 256 calls between clock reads made the period last 256 calls.
 func TestRefreshSchedKeepsThePeriodWhenCallsAreSlow(t *testing.T) {
-	var yields atomic.Int64
-	old := schedYield
-	schedYield = func() { yields.Add(1); runtime.Gosched() }
-	t.Cleanup(func() { schedYield = old })
-
-	const poll = 300 * time.Millisecond
-	calls := 0
-	start := time.Now()
-	for time.Since(start) < poll {
-		refreshSched()
-		calls++
-		for t0 := time.Now(); time.Since(t0) < 200*time.Microsecond; {
-		}
-	}
-	elapsed := time.Since(start)
+	yields := countYields(t)
+	calls, elapsed, periods := pollSched(300*time.Millisecond, 200*time.Microsecond)
 	got := yields.Load()
-	periods := int64(elapsed / (schedRefresh * time.Nanosecond))
 	t.Logf("%d calls of 200 µs in %v: %d yields (%d periods)", calls, elapsed, got, periods)
 	if got < periods/2 {
 		t.Fatalf("%d yields in %v of slow calls, want at least %d (about one per %v)", got, elapsed, periods/2, schedRefresh*time.Nanosecond)
