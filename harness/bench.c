@@ -7,9 +7,10 @@
  * pass posts what the window allows and tests the oldest outstanding request,
  * and a pass that made no progress ends in sched_yield(). The processes are not
  * pinned. Every figure is the median of 3 rounds (--rounds) in which the
- * methods alternate (plugin, then each TCP baseline), and carries both processes' CPU
- * use over the measured interval (getrusage: user + system time / wall time,
- * so 100 % is one core) and their thread counts (/proc/self/status).
+ * methods alternate (plugin, then each TCP baseline), and carries both
+ * processes' CPU use over the measured interval (getrusage: user + system
+ * time / wall time, so 100 % is one core) and their thread counts
+ * (/proc/self/status).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -27,7 +28,6 @@
 #define WINDOW 8
 #define NSTREAMS 4
 #define ROUNDS 3     /* default rounds per figure */
-#define MAX_ROUNDS BENCH_MAX_ROUNDS
 #define BW_BYTES (1ull << 30) /* per size, method and round: about 0.2 s at 5 GB/s */
 
 static const size_t LAT_SIZES[] = {8, 64, 512, 4096, 32768, 262144, 1048576};
@@ -125,8 +125,8 @@ static int rounds = ROUNDS;
 
 /* The median of this run's rounds; with an even count, the lower middle, so
  * that the figure is one a round measured and median_round can name it. */
-static double median(const double v[MAX_ROUNDS]) {
-  double s[MAX_ROUNDS];
+static double median(const double v[BENCH_MAX_ROUNDS]) {
+  double s[BENCH_MAX_ROUNDS];
   memcpy(s, v, sizeof s);
   qsort(s, rounds, sizeof s[0], cmp_double);
   return s[(rounds - 1) / 2];
@@ -134,7 +134,7 @@ static double median(const double v[MAX_ROUNDS]) {
 
 /* The round whose main figure is the median, so CPU and threads shown next to
  * a figure come from the same round. */
-static int median_round(const double v[MAX_ROUNDS]) {
+static int median_round(const double v[BENCH_MAX_ROUNDS]) {
   double m = median(v);
   for (int i = 0; i < rounds; i++)
     if (v[i] == m) return i;
@@ -399,13 +399,13 @@ static int run_bw(bench_t* b, int method, size_t sz, double* gbs, usage_t u[2]) 
 /* ------------------------------------------------------------- reporting */
 
 typedef struct {
-  double med[NLATM][MAX_ROUNDS], p99[NLATM][MAX_ROUNDS];
-  usage_t u[NLATM][MAX_ROUNDS][2];
+  double med[NLATM][BENCH_MAX_ROUNDS], p99[NLATM][BENCH_MAX_ROUNDS];
+  usage_t u[NLATM][BENCH_MAX_ROUNDS][2];
 } lat_res_t;
 
 typedef struct {
-  double gbs[NBWM][MAX_ROUNDS];
-  usage_t u[NBWM][MAX_ROUNDS][2];
+  double gbs[NBWM][BENCH_MAX_ROUNDS];
+  usage_t u[NBWM][BENCH_MAX_ROUNDS][2];
 } bw_res_t;
 
 static int bw_index(const bench_arg_t* a, size_t sz) {

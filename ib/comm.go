@@ -85,10 +85,19 @@ func (c *commCore) check() error {
 		return c.failed
 	}
 	if m := c.fatal.Load(); m != nil {
-		c.failed = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, *m)
+		c.failed = c.fatalError(*m, "")
 		return c.failed
 	}
 	return nil
+}
+
+// fatalError is the comm's error for the fatal event the watcher recorded,
+// with the verbs call it explains, if one failed first.
+func (c *commCore) fatalError(event, failedCall string) error {
+	if failedCall != "" {
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s (the call that failed: %s)", c.peer, event, failedCall)
+	}
+	return nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s", c.peer, event)
 }
 
 // verbsFailed records err, the failure of a data-path verbs call, as the
@@ -103,23 +112,23 @@ func (c *commCore) check() error {
 // the grace. Only error paths wait, once per comm: the failure is sticky.
 func (c *commCore) verbsFailed(err error, wait bool) error {
 	if m := c.awaitFatal(wait); m != nil {
-		err = nccl.Errorf(nccl.SystemError, "NET/GoIB : communicator with %s encountered a fatal error: %s (the call that failed: %v)", c.peer, *m, err)
+		err = c.fatalError(*m, err.Error())
 	}
 	c.failed = err
 	return err
 }
 
+// awaitFatal is the comm's fatal event, waited for up to fatalGrace when
+// wait is set; nil when the watcher does not mark comms.
 func (c *commCore) awaitFatal(wait bool) *string {
-	if !c.cfg.returnAsync {
-		return nil
+	m := c.fatal.Load()
+	if !c.cfg.returnAsync || m != nil || !wait {
+		return m
 	}
-	deadline := time.Now().Add(fatalGrace)
-	for {
-		if m := c.fatal.Load(); m != nil || !wait || time.Now().After(deadline) {
-			return m
-		}
+	for deadline := time.Now().Add(fatalGrace); m == nil && time.Now().Before(deadline); m = c.fatal.Load() {
 		time.Sleep(time.Millisecond)
 	}
+	return m
 }
 
 // deviceFatal is the error for setting up a comm over devices one of which
