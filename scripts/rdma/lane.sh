@@ -124,9 +124,9 @@ go_tests() {
     dir=$(cat "${b%.test}.dir" 2>/dev/null || pwd)
     echo "--- $name (in $dir)"
     out=$work/$name.out
-    (cd "$dir" && NCCL_GO_IB_FORCE_FLUSH=1 NCCL_IB_HCA=$DEV timeout -k 10 "${RDMA_LANE_TEST_TIMEOUT:-900}" \
+    (cd "$dir" && NCCL_GO_IB_FORCE_FLUSH=1 NCCL_IB_HCA=$DEV timeout -k 10 "${RDMA_LANE_TEST_TIMEOUT:-1200}" \
       "$OLDPWD/$b" -test.v -test.count=1 -test.run "${RDMA_LANE_TEST_RUN:-^TestReal}" \
-      -test.timeout="${RDMA_LANE_TEST_TIMEOUT:-900}s") 2>&1 | tee "$out"
+      -test.timeout="${RDMA_LANE_TEST_TIMEOUT:-1200}s") 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     skips=$(grep -c -- '--- SKIP' "$out")
     if [ "$rc" -ne 0 ]; then
