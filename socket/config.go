@@ -26,6 +26,7 @@ const (
 	envHelloTimeout = "NCCL_GO_SOCKET_HELLO_TIMEOUT"
 	envIdleInline   = "NCCL_GO_SOCKET_IDLE_INLINE"
 	envHelpers      = "NCCL_GO_SOCKET_HELPERS"
+	envLocalSndBuf  = "NCCL_GO_SOCKET_LOCAL_SNDBUF"
 
 	defaultHelloWait = 10 * time.Second
 
@@ -55,6 +56,15 @@ const (
 	// bytes (NCCL_SOCKET_MIN_TASKSIZE, NCCL's default 64 KiB).
 	defaultMinChunk = 64 << 10
 
+	// defaultLocalSndBuf: SO_SNDBUF of the sending sockets of a connection
+	// within one host (the kernel doubles it: 1 MiB of send queue). With
+	// nothing on the wire to cover, autotuning grows the queue to
+	// tcp_wmem's maximum (4 MiB) and the bytes in flight leave the cache
+	// before the receiver copies them; at 1 MiB a 64 MiB stream on the
+	// 2-core VM moved 1.5-1.7x more, with no change up to 4 MiB
+	// (docs/performance.md, "Send queue on one host").
+	defaultLocalSndBuf = 512 << 10
+
 	defaultHelpers    = 4
 	minCPUsForHelpers = 8
 
@@ -76,6 +86,9 @@ var (
 		"SO_SNDBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
 	rcvBuf = env.Int(envRcvBuf, -1,
 		"SO_RCVBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
+	localSndBuf = env.Int(envLocalSndBuf, defaultLocalSndBuf,
+		"SO_SNDBUF of the sending sockets of a connection whose peer is on this host (loopback or one of its own addresses), bytes; <= 0 leaves the kernel's autotuning; a NCCL_SOCKET_SNDBUF above 0 applies instead").
+		In(-1, 1<<30)
 	inlineMax = env.Int(envInline, defaultInline,
 		"messages up to this size travel inline on the control stream").In(0, maxInline)
 	idleInlineMax = env.Int(envIdleInline, defaultIdleInline,

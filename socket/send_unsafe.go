@@ -48,6 +48,7 @@ type sendComm struct {
 func newSendComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
 	s := &sendComm{inline: o.inline, reqs: reqpool.New[sendReq](maxSends)}
 	s.idleInline = max(s.inline, o.idleInline)
+	boundLocalSndBuf(append([]int{cs.ctrl}, cs.data...), o, log)
 	if err := s.core.init(cs, hi, o, log, true); err != nil {
 		return nil, err
 	}
