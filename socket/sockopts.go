@@ -96,9 +96,8 @@ func boundLocalSndBuf(fds []int, o sockOpts, log nccl.Logger) {
 	if o.localSndBuf <= 0 || len(fds) == 0 || !sameHost(fds[0]) {
 		return
 	}
-	force := true
-	if err := setSockInt(fds[0], unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, o.localSndBuf); err != nil {
-		force = false
+	opt := unix.SO_SNDBUFFORCE
+	if setSockInt(fds[0], unix.SOL_SOCKET, opt, o.localSndBuf) != nil {
 		if m := wmemMax(); o.localSndBuf > m {
 			localSndBufSkipped.Do(func() {
 				log.Infof(nccl.SubsysNet, "NET/GoSocket : connections within this host keep the kernel's send buffer autotuning: "+
@@ -107,10 +106,7 @@ func boundLocalSndBuf(fds []int, o sockOpts, log nccl.Logger) {
 			})
 			return
 		}
-	}
-	opt := unix.SO_SNDBUF
-	if force {
-		opt = unix.SO_SNDBUFFORCE
+		opt = unix.SO_SNDBUF
 	}
 	for _, fd := range fds {
 		if err := setSockInt(fd, unix.SOL_SOCKET, opt, o.localSndBuf); err != nil {
