@@ -59,14 +59,14 @@ func TestIsendOutOfRequestsIsNoRequest(t *testing.T) {
 }
 
 // connectError polls Connect until it fails, bounded by limit.
-func connectError(t *testing.T, tr *Transport, h *nccl.Handle, limit time.Duration) (error, time.Duration) {
+func connectError(t *testing.T, tr *Transport, h *nccl.Handle, limit time.Duration) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	for {
 		sc, err := tr.Connect(0, h, nccl.ConnectOptions{TrafficClass: -1})
 		require.Nil(t, sc)
 		if err != nil {
-			return err, time.Since(start)
+			return time.Since(start), err
 		}
 		if time.Since(start) > limit {
 			t.Fatalf("connect still pending after %v", limit)
@@ -89,7 +89,7 @@ func TestConnectIsBoundedByTimeout(t *testing.T) {
 		var h nccl.Handle
 		writeHandle(&h, handleInfo{magic: ncclsock.DefaultMagic, secret: 1, addr: ln.Addr().(*net.TCPAddr).AddrPort()})
 		require.NoError(t, ln.Close())
-		err, took := connectError(t, a.t, &h, time.Second+slack)
+		took, err := connectError(t, a.t, &h, time.Second+slack)
 		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err), "%v", err)
 		t.Logf("connect to a closed port failed after %v: %v", took, err)
 	})
@@ -111,7 +111,7 @@ func TestConnectIsBoundedByTimeout(t *testing.T) {
 		var h nccl.Handle
 		addr := netipAddrPort(t, "127.0.0.1", port)
 		writeHandle(&h, handleInfo{magic: ncclsock.DefaultMagic, secret: 1, addr: addr})
-		err, took := connectError(t, a.t, &h, time.Second+slack)
+		took, err := connectError(t, a.t, &h, time.Second+slack)
 		assert.Equal(t, nccl.SystemError, nccl.ResultOf(err), "%v", err)
 		t.Logf("connect into a black hole failed after %v: %v", took, err)
 	})

@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 
@@ -176,12 +175,6 @@ type connMeta struct {
 
 func writeMsg(c net.Conn, v any) error { return binary.Write(c, binary.LittleEndian, v) }
 func readMsg(c net.Conn, v any) error  { return binary.Read(c, binary.LittleEndian, v) }
-
-// readFull reads exactly len(b) bytes (io.ReadFull with a clearer error).
-func readFull(c net.Conn, b []byte) error {
-	_, err := io.ReadFull(c, b)
-	return err
-}
 
 // leU64 reads and writes the connector-state words of NCCL's handle copy.
 type leU64 struct{ h *nccl.Handle }

@@ -39,14 +39,6 @@ func up(name string, idx int, addrs ...string) Iface {
 	return i
 }
 
-func names(ds []device) []string {
-	var out []string
-	for _, d := range ds {
-		out = append(out, d.name)
-	}
-	return out
-}
-
 // The selection rules themselves are internal/ncclsock's (tested there); the
 // socket transport takes up to 16 devices and WARNs as NET/GoSocket.
 func TestFindDevicesUsesNCCLRules(t *testing.T) {

@@ -104,8 +104,7 @@ func TestHandleRoundTrip(t *testing.T) {
 	_, err = decodeHandle(&bad, hi.magic)
 	assert.ErrorContains(t, err, "streams")
 
-	var m hello
-	m = hello{magic: 5, version: 7, index: ctrlIndex, streams: 3, connID: 0xdead}
+	m := hello{magic: 5, version: 7, index: ctrlIndex, streams: 3, connID: 0xdead}
 	m.secret[3] = 1
 	var b [helloLen]byte
 	m.encode(b[:])
@@ -427,7 +426,8 @@ func TestSilentSenderIsAlive(t *testing.T) {
 			binary.LittleEndian.PutUint32(hdr[0:], 1<<20)
 			binary.LittleEndian.PutUint32(hdr[4:], ctrlLen)
 			binary.LittleEndian.PutUint32(hdr[8:], 3)
-			binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^0)
+			const seq = 0 // the connection's first message
+			binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^seq)
 			_, err = ctrl.Write(hdr[:])
 			require.NoError(t, err)
 			_, err = first.Write(make([]byte, 1000))

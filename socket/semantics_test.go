@@ -163,14 +163,14 @@ func TestTruncatedReceiveFreesSlot(t *testing.T) {
 }
 
 // connectUntil polls Connect until it returns a comm or an error, or limit
-// passes; it returns the error and how long it took.
-func connectUntil(t *testing.T, tr *Transport, h nccl.Handle, limit time.Duration) (error, time.Duration) {
+// passes; it returns how long it took and the error.
+func connectUntil(t *testing.T, tr *Transport, h nccl.Handle, limit time.Duration) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	for time.Since(start) < limit {
 		s, err := tr.Connect(0, &h, nccl.ConnectOptions{})
 		if err != nil {
-			return err, time.Since(start)
+			return time.Since(start), err
 		}
 		if s != nil {
 			s.Close()
@@ -178,7 +178,7 @@ func connectUntil(t *testing.T, tr *Transport, h nccl.Handle, limit time.Duratio
 		}
 		pace()
 	}
-	return nil, time.Since(start)
+	return time.Since(start), nil
 }
 
 func handleFor(t *testing.T, addr string, streams int) nccl.Handle {
@@ -199,7 +199,7 @@ func TestConnectNoListenerBounded(t *testing.T) {
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	ln.Close()
-	err, took := connectUntil(t, tr, handleFor(t, addr, 2), 7*time.Second)
+	took, err := connectUntil(t, tr, handleFor(t, addr, 2), 7*time.Second)
 	require.Error(t, err, "connect to a port nobody listens on still pending after %v", took)
 	assert.Less(t, took, 6*time.Second)
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
@@ -233,7 +233,7 @@ func TestConnectBlackholeBounded(t *testing.T) {
 	log := &captureLog{}
 	tr := initLoopback(t, log)
 	addr := blackhole(t)
-	err, took := connectUntil(t, tr, handleFor(t, addr, 1), 7*time.Second)
+	took, err := connectUntil(t, tr, handleFor(t, addr, 1), 7*time.Second)
 	require.Error(t, err, "connect to a black hole still pending after %v", took)
 	assert.Less(t, took, 6*time.Second)
 	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))

@@ -15,13 +15,11 @@ type req struct {
 func TestGetPutAndExhaustion(t *testing.T) {
 	p := New[req](4)
 	assert.Equal(t, 4, p.Cap())
-	var ids []int
 	for i := 0; i < 4; i++ {
 		id, r, ok := p.Get()
 		require.True(t, ok)
 		assert.Equal(t, i, id, "ids in order from a fresh pool")
 		r.size = 100 + i
-		ids = append(ids, id)
 	}
 	_, _, ok := p.Get()
 	assert.False(t, ok, "exhausted: the caller returns NoRequest")

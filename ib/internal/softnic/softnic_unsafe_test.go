@@ -174,6 +174,7 @@ func TestUnsignaledWRsFillTheSendQueue(t *testing.T) {
 
 	// A signaled WR releases everything before it once its completion is polled.
 	_, a, b = pair(t)
+	wr = verbs.SendWR{Opcode: verbs.WrRDMAWrite, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}
 	for i := 0; i < 7; i++ {
 		_, err := a.qp.PostSend([]verbs.SendWR{wr})
 		require.NoError(t, err)
