@@ -64,6 +64,7 @@ type commCore struct {
 	qps        []commQP
 	nDataQPs   int
 	peer       string
+	setup      setupBound // what ends a QP transition's retries (set-up only)
 
 	fatal     atomic.Pointer[string] // set by the async watcher: this comm's or its devices' fatal event
 	failed    error                  // sticky data-path failure (progress thread only)
@@ -148,8 +149,8 @@ func (t *Transport) deviceFatal(devs []*device) error {
 
 // newCore creates CQs and nqps QPs (QP i on member i % ndevs) in INIT, and
 // resolves each member's GID for this connection.
-func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int) (_ *commCore, err error) {
-	c := &commCore{t: t, cfg: &t.cfg, log: t.log, ptrSupport: t.ptrSupport(devs)}
+func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int, setup setupBound) (_ *commCore, err error) {
+	c := &commCore{t: t, cfg: &t.cfg, log: t.log, ptrSupport: t.ptrSupport(devs), setup: setup}
 	t.commBuilt()
 	c.name = devs[0].name
 	for _, d := range devs[1:] {
@@ -198,7 +199,8 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		}
 		c.qps = append(c.qps, commQP{qp: qp, dev: di})
 		d.hca.owners.Store(qp.Num(), c)
-		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: t.cfg.pkey, Port: d.port, Access: access}); err != nil {
+		init := verbs.InitAttr{PKeyIndex: t.cfg.pkey, Port: d.port, Access: access}
+		if err := c.modifyQP("ibv_modify_qp(INIT) on "+d.String(), func() error { return qp.ModifyToInit(init) }); err != nil {
 			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(INIT) on %s: %w; check NCCL_IB_PKEY=%d", d, err, t.cfg.pkey)
 		}
 	}
@@ -293,10 +295,11 @@ func (c *commCore) connectQPs(rm *connMeta, qs qos) error {
 			ah.DLID = rd.LID
 		}
 		rtr := verbs.RTRAttr{PathMTU: min(d.attr.ActiveMTU, verbs.MTU(rd.MTU)), DestQPN: rq.QPN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
-		if err := q.qp.ModifyToRTR(rtr); err != nil {
+		if err := c.modifyQP(fmt.Sprintf("ibv_modify_qp(RTR) on %s to QP %#x", d.device, rq.QPN), func() error { return q.qp.ModifyToRTR(rtr) }); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTR) on %s to QP %#x: %w; %s", d.device, rq.QPN, err, rtrHint(d.attr.LinkLayer, qs))
 		}
-		if err := q.qp.ModifyToRTS(verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
+		rts := verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}
+		if err := c.modifyQP("ibv_modify_qp(RTS) on "+d.device.String(), func() error { return q.qp.ModifyToRTS(rts) }); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d.device, err, c.cfg.ackTimeout, c.cfg.retryCnt)
 		}
 	}

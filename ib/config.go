@@ -50,6 +50,12 @@ var (
 	envAsync        = env.Bool("NCCL_IB_RETURN_ASYNC_EVENTS", true, "fail the comms of a device that reports a fatal async event")
 	envForceFlush   = env.Bool("NCCL_GO_IB_FORCE_FLUSH", false, "flush host-memory receives too (testing)")
 	envNoFlush      = env.Bool("NCCL_GDR_FLUSH_DISABLE", false, "skip the GPUDirect flush READ")
+	// NCCL's wrap_ibv_modify_qp: a transition that fails with ETIMEDOUT (on
+	// RoCE, RTR while the peer's address has no ARP answer yet) is tried
+	// again after RETRY_SLEEP_MSEC × the attempt number.
+	envMQPRetryAll   = env.Bool("NCCL_IB_MQP_RETRY_ALL", false, "retry a failed QP state transition whatever the error, not only ETIMEDOUT")
+	envMQPRetryCnt   = env.Int("NCCL_IB_MQP_RETRY_CNT", 34, "retries of a QP state transition that failed with ETIMEDOUT").In(0, 1<<20)
+	envMQPRetrySleep = env.Int("NCCL_IB_MQP_RETRY_SLEEP_MSEC", 100, "milliseconds before the first retry of a QP state transition; the n-th retry waits n times as long").In(0, 1<<20)
 )
 
 // logPrefix is what every ib line starts with.
@@ -87,6 +93,7 @@ type config struct {
 	returnAsync bool // NCCL_IB_RETURN_ASYNC_EVENTS
 	forceFlush  bool // NCCL_GO_IB_FORCE_FLUSH (ours)
 	noFlush     bool // NCCL_GDR_FLUSH_DISABLE
+	mqpRetry    mqpRetry
 
 	// Out-of-band handshake.
 	magic      uint64        // NCCL_SOCKET_MAGIC
@@ -124,6 +131,11 @@ func readConfig(log nccl.Logger) (config, error) {
 		returnAsync: envAsync.Get(log),
 		forceFlush:  envForceFlush.Get(log),
 		noFlush:     envNoFlush.Get(log),
+		mqpRetry: mqpRetry{
+			all:   envMQPRetryAll.Get(log),
+			count: int(envMQPRetryCnt.Get(log)),
+			sleep: time.Duration(envMQPRetrySleep.Get(log)) * time.Millisecond,
+		},
 
 		magic:    ncclsock.ReadMagic(log, logPrefix),
 		peerTime: timeout.Read(log, logPrefix),

@@ -130,7 +130,7 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 		return nil, fail("hello reply", fmt.Errorf("peer has %d devices", r.NDevs))
 	}
 	qs := t.cfg.trafficClass(opts)
-	sc, err := newSendComm(t, devs, int(r.NDevs), peer)
+	sc, err := newSendComm(t, devs, int(r.NDevs), peer, setupBound{by: deadline})
 	if err != nil {
 		return nil, err
 	}

@@ -73,27 +73,7 @@ func TestBadServiceLevelNamesItsSetting(t *testing.T) {
 	dial := func(t *testing.T, cfg softnic.DeviceConfig, tclass int) (nccl.SendComm, nccl.RecvComm, error, error) {
 		_, a, b := twoHosts(t, cfg)
 		l, h := listenOn(t, b, 0)
-		var sc nccl.SendComm
-		var rc nccl.RecvComm
-		var cerr, aerr error
-		within(t, "connect and accept settle", func() (bool, error) {
-			if sc == nil && cerr == nil {
-				sc, cerr = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: tclass})
-			}
-			if rc == nil && aerr == nil {
-				rc, aerr = l.Accept()
-			}
-			return (sc != nil || cerr != nil) && (rc != nil || aerr != nil), nil
-		})
-		t.Cleanup(func() {
-			if sc != nil {
-				_ = sc.Close()
-			}
-			if rc != nil {
-				_ = rc.Close()
-			}
-		})
-		return sc, rc, cerr, aerr
+		return dialBoth(t, a, l, h, tclass)
 	}
 	for _, c := range []struct {
 		env    []string

@@ -46,13 +46,16 @@ func (f *flusher) setup(c *commCore) error {
 		} else {
 			ah.DLID = d.attr.LID
 		}
-		if err := qp.ModifyToInit(verbs.InitAttr{PKeyIndex: c.cfg.pkey, Port: d.port, Access: verbs.AccessLocalWrite | verbs.AccessRemoteRead}); err != nil {
+		init := verbs.InitAttr{PKeyIndex: c.cfg.pkey, Port: d.port, Access: verbs.AccessLocalWrite | verbs.AccessRemoteRead}
+		if err := c.modifyQP("flush QP INIT on "+d.device.String(), func() error { return qp.ModifyToInit(init) }); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP INIT on %s: %w", d.device, err)
 		}
-		if err := qp.ModifyToRTR(verbs.RTRAttr{PathMTU: d.attr.ActiveMTU, DestQPN: qp.Num(), MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}); err != nil {
+		rtr := verbs.RTRAttr{PathMTU: d.attr.ActiveMTU, DestQPN: qp.Num(), MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
+		if err := c.modifyQP("flush QP RTR on "+d.device.String(), func() error { return qp.ModifyToRTR(rtr) }); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTR on %s: %w", d.device, err)
 		}
-		if err := qp.ModifyToRTS(verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}); err != nil {
+		rts := verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}
+		if err := c.modifyQP("flush QP RTS on "+d.device.String(), func() error { return qp.ModifyToRTS(rts) }); err != nil {
 			return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush QP RTS on %s: %w", d.device, err)
 		}
 	}

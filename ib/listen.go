@@ -27,7 +27,7 @@ func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) 
 	if err != nil {
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : listen on %s (%v): %w; set NCCL_SOCKET_IFNAME to a usable interface", t.oobName, t.oobAddr, err)
 	}
-	l := &listener{t: t, devs: devs, ln: ln, magic: t.cfg.magic, secret: randomU64(), done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	l := newListener(t, devs, ln)
 	t.life.mu.Lock()
 	closing := t.life.closing
 	if !closing {
@@ -58,9 +58,15 @@ type listener struct {
 	closed  bool
 	conns   map[net.Conn]struct{} // handshakes in progress
 	done    chan struct{}
+	quit    chan struct{} // closed by Close: ends a handshake's QP transition retries
 	comm    *recvComm
 	err     error
 	taken   bool
+}
+
+func newListener(t *Transport, devs []*device, ln net.Listener) *listener {
+	return &listener{t: t, devs: devs, ln: ln, magic: t.cfg.magic, secret: randomU64(),
+		done: make(chan struct{}), quit: make(chan struct{}), conns: map[net.Conn]struct{}{}}
 }
 
 func (l *listener) acceptLoop() {
@@ -163,7 +169,8 @@ func (l *listener) serve(conn net.Conn) {
 
 func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
 	t := l.t
-	_ = conn.SetDeadline(time.Now().Add(t.cfg.setupLimit))
+	deadline := time.Now().Add(t.cfg.setupLimit)
+	_ = conn.SetDeadline(deadline)
 	ll := linkLayerOf(l.devs)
 	reply := helloReply{NDevs: uint32(len(l.devs)), LinkLayer: uint32(ll)}
 	incompatible := verbs.LinkLayer(h.LinkLayer) != ll || ll == verbs.LinkUnspecified
@@ -184,7 +191,7 @@ func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
 	if err := validateMeta(&sm, int(sm.NQPs)); err != nil {
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %v", conn.RemoteAddr(), err)
 	}
-	rc, err := newRecvComm(t, l.devs, &sm, conn.RemoteAddr().String())
+	rc, err := newRecvComm(t, l.devs, &sm, conn.RemoteAddr().String(), setupBound{by: deadline, abort: l.quit})
 	if err != nil {
 		return nil, err
 	}
@@ -234,6 +241,7 @@ func (l *listener) Close() error {
 		return nil
 	}
 	l.closed = true
+	close(l.quit)
 	conns := make([]net.Conn, 0, len(l.conns))
 	for c := range l.conns {
 		conns = append(conns, c)

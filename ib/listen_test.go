@@ -32,7 +32,7 @@ func TestAcceptErrorFailsTheListen(t *testing.T) {
 	log := &captureLog{}
 	tr := &Transport{log: log}
 	tr.life.init()
-	l := &listener{t: tr, ln: brokenListener{}, done: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	l := newListener(tr, nil, brokenListener{})
 	l.acceptLoop() // returns once Accept fails
 
 	rc, err := l.Accept()

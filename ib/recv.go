@@ -39,13 +39,13 @@ type recvComm struct {
 // NCCL_IB_USE_INLINE, as NCCL does: one CTS entry.
 const ctsInlineBytes = ctsEntrySize
 
-func newRecvComm(t *Transport, devs []*device, sm *connMeta, peer string) (*recvComm, error) {
+func newRecvComm(t *Transport, devs []*device, sm *connMeta, peer string, setup setupBound) (*recvComm, error) {
 	nqps := int(sm.NQPs)
 	inline := 0
 	if t.cfg.useInline {
 		inline = ctsInlineBytes
 	}
-	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic, 2*len(devs)+maxRequests, inline)
+	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic, 2*len(devs)+maxRequests, inline, setup)
 	if err != nil {
 		return nil, err
 	}

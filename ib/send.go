@@ -56,9 +56,9 @@ type sendComm struct {
 	wrs         [maxRecvs + 1]verbs.SendWR
 }
 
-func newSendComm(t *Transport, devs []*device, remDevs int, peer string) (*sendComm, error) {
+func newSendComm(t *Transport, devs []*device, remDevs int, peer string, setup setupBound) (*sendComm, error) {
 	nqps := min(max(len(devs), remDevs)*t.cfg.qpsPerConn, maxQPs)
-	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite, 0, 0)
+	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite, 0, 0, setup)
 	if err != nil {
 		return nil, err
 	}

@@ -485,4 +485,5 @@ const (
 	EINVAL          Errno = 22
 	EPROTONOSUPPORT Errno = 93
 	EOPNOTSUPP      Errno = 95
+	ETIMEDOUT       Errno = 110
 )

@@ -15,8 +15,10 @@
 // Several "hosts" (transport instances) share one Fabric, each seeing the
 // devices its Provider names; a QP connected to itself (loopback) works too.
 // Tests inject failures with Fabric.InjectFault (any WC error status, e.g.
-// retry exceeded, or ibv_post_send refusing a WR with Fault.PostErr) and
-// Device.InjectAsyncEvent, and can lay out a matching sysfs tree with
+// retry exceeded, or ibv_post_send refusing a WR with Fault.PostErr),
+// Fabric.InjectModifyFault (ibv_modify_qp failing, e.g. RTR with ETIMEDOUT
+// while a RoCE neighbour is unresolved) and Device.InjectAsyncEvent, and can
+// lay out a matching sysfs tree with
 // Fabric.WriteSysfs.
 //
 // Work requests execute synchronously inside PostSend/PostRecv under one

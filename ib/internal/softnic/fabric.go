@@ -23,6 +23,7 @@ type Fabric struct {
 	nextKey uint32
 	nextID  uint64
 	faults  []*faultState
+	mfaults []*modifyFaultState
 
 	violations []string
 	recording  bool
@@ -267,11 +268,63 @@ func (f *Fabric) InjectFault(flt Fault) {
 	f.faults = append(f.faults, &faultState{Fault: flt, left: flt.Count})
 }
 
+// ModifyFault makes QP state transitions fail with Err, as ibv_modify_qp
+// does on a real device: on RoCE the move to RTR fails with ETIMEDOUT while
+// the kernel cannot resolve the destination GID's link-layer address (its
+// neighbour entry has no ARP answer yet). The QP keeps its state, so the
+// transition may be tried again.
+type ModifyFault struct {
+	Device string // the QP's device; "" matches any
+	To     string // the target state: "INIT", "RTR" or "RTS"
+	Err    error
+	Count  int // transitions to fail before the fault disarms; <= 0 means forever
+}
+
+type modifyFaultState struct {
+	ModifyFault
+	left, hits int
+}
+
+// InjectModifyFault arms a QP transition fault.
+func (f *Fabric) InjectModifyFault(flt ModifyFault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mfaults = append(f.mfaults, &modifyFaultState{ModifyFault: flt, left: flt.Count})
+}
+
+// ModifyFaultHits is how many transitions the armed or spent transition
+// faults have failed so far.
+func (f *Fabric) ModifyFaultHits() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, fs := range f.mfaults {
+		n += fs.hits
+	}
+	return n
+}
+
+// modifyFaultLocked is the error an armed fault fails dev's transition to
+// state with; a spent fault stays listed (for ModifyFaultHits) but no longer
+// matches.
+func (f *Fabric) modifyFaultLocked(dev, state string) error {
+	for _, fs := range f.mfaults {
+		if fs.To != state || fs.Device != "" && fs.Device != dev || fs.Count > 0 && fs.left <= 0 {
+			continue
+		}
+		fs.left--
+		fs.hits++
+		return fs.Err
+	}
+	return nil
+}
+
 // ClearFaults disarms every fault.
 func (f *Fabric) ClearFaults() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.faults = nil
+	f.mfaults = nil
 }
 
 func (f *Fabric) matchFaultLocked(dev string, qpn uint32, op verbs.Opcode) (verbs.WCStatus, bool) {

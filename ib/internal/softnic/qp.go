@@ -166,6 +166,9 @@ func (q *qp) ModifyToInit(a verbs.InitAttr) error {
 	if err := q.aliveLocked("ibv_modify_qp(INIT)"); err != nil {
 		return err
 	}
+	if err := q.dev.fabric.modifyFaultLocked(q.dev.cfg.Name, "INIT"); err != nil {
+		return fmt.Errorf("softnic: QP %#x RESET->INIT (injected): %w", q.num, err)
+	}
 	if q.state != qpsReset || a.Port < 1 || a.Port > len(q.dev.ports) {
 		return fmt.Errorf("softnic: QP %#x RESET->INIT (state %d, port %d): %w", q.num, q.state, a.Port, verbs.EINVAL)
 	}
@@ -178,6 +181,9 @@ func (q *qp) ModifyToRTR(a verbs.RTRAttr) error {
 	defer q.unlock()
 	if err := q.aliveLocked("ibv_modify_qp(RTR)"); err != nil {
 		return err
+	}
+	if err := q.dev.fabric.modifyFaultLocked(q.dev.cfg.Name, "RTR"); err != nil {
+		return fmt.Errorf("softnic: QP %#x INIT->RTR (injected): %w", q.num, err)
 	}
 	if q.state != qpsInit {
 		return fmt.Errorf("softnic: QP %#x INIT->RTR from state %d: %w", q.num, q.state, verbs.EINVAL)
@@ -202,6 +208,9 @@ func (q *qp) ModifyToRTS(a verbs.RTSAttr) error {
 	defer q.unlock()
 	if err := q.aliveLocked("ibv_modify_qp(RTS)"); err != nil {
 		return err
+	}
+	if err := q.dev.fabric.modifyFaultLocked(q.dev.cfg.Name, "RTS"); err != nil {
+		return fmt.Errorf("softnic: QP %#x RTR->RTS (injected): %w", q.num, err)
 	}
 	if q.state != qpsRTR {
 		return fmt.Errorf("softnic: QP %#x RTR->RTS from state %d: %w", q.num, q.state, verbs.EINVAL)
