@@ -69,6 +69,9 @@ func realHosts(t *testing.T) (*host, *host) {
 	mk := func() *host {
 		h := &host{t: New().(*Transport), log: &captureLog{}}
 		require.NoError(t, h.t.Init(nccl.InitContext{Log: h.log}), "devices exist, so Init must find a usable port")
+		// ibv_fork_init ran before the device was opened, and answered.
+		assert.True(t, h.log.has("NET/GoIB : fork support "), "%s", h.log)
+		assert.False(t, h.log.has("ibv_fork_init failed"), "%s", h.log)
 		t.Cleanup(func() { assert.NoError(t, h.t.Finalize()) })
 		return h
 	}

@@ -146,6 +146,7 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 		p = lp
 	}
 	t.provider = p
+	t.forkInit(p)
 	t.feats = p.Features()
 	if !t.feats.DMABuf {
 		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s has no ibv_reg_dmabuf_mr (IBVERBS_1.12): dma-buf registration (NCCL_PTR_DMABUF) disabled", p.Name())

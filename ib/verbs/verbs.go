@@ -16,6 +16,33 @@ type Provider interface {
 	Open(name string) (Context, error)
 	// Features reports which optional verbs exist (probed symbols).
 	Features() Features
+	// ForkInit is ibv_fork_init followed by ibv_is_fork_initialized: it
+	// must run before any memory is registered, so that a child the
+	// application forks later cannot take registered pages from under the
+	// NIC. Calling it again is harmless.
+	ForkInit() (ForkStatus, error)
+}
+
+// ForkStatus is ibv_is_fork_initialized's answer.
+type ForkStatus int
+
+const (
+	ForkUnknown  ForkStatus = -1 // ibv_is_fork_initialized is absent (rdma-core < 35)
+	ForkDisabled ForkStatus = 0  // registrations are not protected against fork()
+	ForkEnabled  ForkStatus = 1  // libibverbs marks registrations MADV_DONTFORK
+	ForkUnneeded ForkStatus = 2  // the kernel copies pinned pages at fork (Linux >= 5.13)
+)
+
+func (s ForkStatus) String() string {
+	switch s {
+	case ForkDisabled:
+		return "disabled"
+	case ForkEnabled:
+		return "enabled"
+	case ForkUnneeded:
+		return "unneeded"
+	}
+	return "unknown"
 }
 
 // Features are optional provider capabilities. Their absence disables the

@@ -69,6 +69,22 @@ func TestLoadResolvesSymbolsAndProbesOptionalOnes(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// ibv_fork_init on the system's libibverbs: it must succeed before anything
+// is registered, answer the same when called again, and report a status
+// (Debian 12's rdma-core has ibv_is_fork_initialized).
+func TestForkInitOnTheSystemLibrary(t *testing.T) {
+	libibverbsPresent(t)
+	p, err := Load(DefaultLibrary)
+	require.NoError(t, err)
+	st, err := p.ForkInit()
+	require.NoError(t, err)
+	t.Logf("fork support: %v", st)
+	assert.Contains(t, []verbs.ForkStatus{verbs.ForkEnabled, verbs.ForkUnneeded}, st)
+	again, err := p.ForkInit()
+	require.NoError(t, err)
+	assert.Equal(t, st, again)
+}
+
 // TestRealDeviceBasics runs on a host (or the Soft-RoCE guest) with an RDMA
 // device: open it, query it, and register memory.
 // realDevice loads libibverbs and names its first device, skipping (with

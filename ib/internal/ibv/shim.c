@@ -41,6 +41,8 @@ static int (*p_get_async_event)(struct ibv_context*, struct ibv_async_event*);
 static void (*p_ack_async_event)(struct ibv_async_event*);
 static int (*p_query_ece)(struct ibv_qp*, struct ibv_ece*);
 static int (*p_set_ece)(struct ibv_qp*, struct ibv_ece*);
+static int (*p_fork_init)(void);
+static int (*p_is_fork_initialized)(void); // enum ibv_fork_status
 
 #define REQUIRE(ptr, name)                                   \
   do {                                                       \
@@ -81,6 +83,8 @@ int nb_load(const char* path, char* err, int errlen) {
   OPTIONAL(p_reg_dmabuf_mr, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
   OPTIONAL(p_query_ece, "ibv_query_ece", "IBVERBS_1.10");
   OPTIONAL(p_set_ece, "ibv_set_ece", "IBVERBS_1.10");
+  OPTIONAL(p_fork_init, "ibv_fork_init", "IBVERBS_1.1");
+  OPTIONAL(p_is_fork_initialized, "ibv_is_fork_initialized", "IBVERBS_1.13");
   return 0;
 fail:
   snprintf(err, errlen, "%s has no symbol %s (IBVERBS_1.1): not a usable libibverbs", path, missing_sym);
@@ -93,6 +97,14 @@ int nb_has_dmabuf(void) { return p_reg_dmabuf_mr != NULL; }
 int nb_has_iova2(void) { return p_reg_mr_iova2 != NULL; }
 int nb_has_ece(void) { return p_query_ece != NULL && p_set_ece != NULL; }
 const char* nb_missing(void) { return missing_sym; }
+
+// nb_fork_init: ibv_fork_init returns 0 or an errno value; *status is
+// ibv_is_fork_initialized's answer, -1 where that verb is absent.
+int nb_fork_init(int* status) {
+  int r = p_fork_init ? p_fork_init() : ENOSYS;
+  *status = p_is_fork_initialized ? p_is_fork_initialized() : -1;
+  return r;
+}
 
 static int rc(int r) { return r == -1 ? (errno ? errno : EIO) : r; }
 

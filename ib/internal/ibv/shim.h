@@ -38,6 +38,7 @@ int nb_load(const char* path, char* err, int errlen);
 int nb_has_dmabuf(void);
 int nb_has_iova2(void);
 int nb_has_ece(void);
+int nb_fork_init(int* status);
 const char* nb_missing(void);
 
 int nb_device_names(char* buf, int buflen, int* n);

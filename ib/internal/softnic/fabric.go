@@ -28,6 +28,13 @@ type Fabric struct {
 	violations []string
 	recording  bool
 	records    []WRRecord
+
+	// fork(): see Provider.ForkInit.
+	forkUnsafeKernel bool
+	forkEnabled      bool
+	opens            int
+	forkCalls        int
+	opensBeforeFork  int
 }
 
 // NewFabric returns an empty fabric.
@@ -415,10 +422,54 @@ func (p *Provider) Devices() ([]string, error) {
 	return out, nil
 }
 
+// SetForkUnsafeKernel models a kernel older than 5.13, which does not copy
+// pinned pages when the process forks: there ibv_fork_init must run before
+// the first registration, or it fails with EINVAL ("too late").
+func (f *Fabric) SetForkUnsafeKernel(unsafe bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forkUnsafeKernel = unsafe
+}
+
+// ForkInits reports how often ForkInit was called and how many devices had
+// been opened before its first call.
+func (f *Fabric) ForkInits() (calls, opensBefore int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.forkCalls, f.opensBeforeFork
+}
+
+// ForkInit answers as libibverbs does: "unneeded" on a kernel that copies
+// pinned pages at fork; elsewhere "enabled", unless memory was registered
+// before the first call, which libibverbs refuses with EINVAL.
+func (p *Provider) ForkInit() (verbs.ForkStatus, error) {
+	f := p.fabric
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.forkCalls == 0 {
+		f.opensBeforeFork = f.opens
+	}
+	f.forkCalls++
+	switch {
+	case !f.forkUnsafeKernel:
+		return verbs.ForkUnneeded, nil
+	case f.forkEnabled:
+		return verbs.ForkEnabled, nil
+	}
+	for _, d := range f.devices {
+		if len(d.mrs) > 0 {
+			return verbs.ForkDisabled, fmt.Errorf("softnic: ibv_fork_init after memory was registered: %w", verbs.EINVAL)
+		}
+	}
+	f.forkEnabled = true
+	return verbs.ForkEnabled, nil
+}
+
 func (p *Provider) Open(name string) (verbs.Context, error) {
 	f := p.fabric
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.opens++
 	d := f.byName[name]
 	if d == nil {
 		return nil, fmt.Errorf("softnic: no device %q: %w", name, verbs.ENOENT)
