@@ -183,11 +183,7 @@ func (t *Transport) dialRetry(addr netip.AddrPort, deadline time.Time) (net.Conn
 		if !retryable || i >= t.cfg.dialRetry || time.Now().Add(sleep).After(deadline) {
 			return nil, fmt.Errorf("connect to %v: %w (after %d retries within NCCL_GO_TIMEOUT=%v; check NCCL_SOCKET_IFNAME and firewalls)", addr, err, i, t.cfg.setupLimit)
 		}
-		timer := time.NewTimer(sleep)
-		select {
-		case <-timer.C:
-		case <-ctx.Done():
-			timer.Stop()
+		if !t.pause(sleep, nil) {
 			return nil, fmt.Errorf("connect to %v: the transport was finalized", addr)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -35,6 +36,20 @@ func (l *lifecycle) init() {
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.conns = map[net.Conn]struct{}{}
 	l.listeners = map[*listener]struct{}{}
+}
+
+// pause is a set-up retry's sleep: it waits d and reports true, or returns
+// false as soon as Finalize begins or abort (when not nil) is closed.
+func (t *Transport) pause(d time.Duration, abort <-chan struct{}) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-t.life.ctx.Done():
+	case <-abort:
+	}
+	return false
 }
 
 var errFinalized = nccl.Errorf(nccl.InternalError, "NET/GoIB : transport used after finalize")

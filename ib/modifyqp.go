@@ -61,21 +61,18 @@ func (c *commCore) modifyQP(what string, transition func() error) error {
 				err, r.count, time.Since(start).Round(time.Millisecond), r.count, r.sleep.Milliseconds())
 		}
 		sleep := r.sleep * time.Duration(retry)
-		if !c.setup.by.IsZero() && time.Now().Add(sleep).After(c.setup.by) {
+		if time.Now().Add(sleep).After(c.setup.by) {
 			return fmt.Errorf("%w (retried %d times over %v; retry %d would end past the connection set-up bound, %s: %v)",
 				err, retry-1, time.Since(start).Round(time.Millisecond), retry, timeout.Peer.Name(), c.cfg.setupLimit)
 		}
 		c.log.Infof(nccl.SubsysNet, "NET/GoIB : %s failed: %v; retrying %d/%d after %v (NCCL_IB_MQP_RETRY_CNT, NCCL_IB_MQP_RETRY_SLEEP_MSEC)",
 			what, err, retry, r.count, sleep)
-		timer := time.NewTimer(sleep)
-		select {
-		case <-timer.C:
-		case <-c.t.life.ctx.Done():
-			timer.Stop()
-			return fmt.Errorf("%w (retry %d/%d interrupted: the transport was finalized)", err, retry, r.count)
-		case <-c.setup.abort:
-			timer.Stop()
-			return fmt.Errorf("%w (retry %d/%d interrupted: the listen was closed)", err, retry, r.count)
+		if !c.t.pause(sleep, c.setup.abort) {
+			why := "the listen was closed"
+			if c.t.life.ctx.Err() != nil {
+				why = "the transport was finalized"
+			}
+			return fmt.Errorf("%w (retry %d/%d interrupted: %s)", err, retry, r.count, why)
 		}
 	}
 }

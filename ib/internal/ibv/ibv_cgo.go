@@ -68,14 +68,14 @@ type Provider struct {
 	feat verbs.Features
 }
 
-func (p *Provider) Name() string { return p.path }
+func (p *Provider) Name() string             { return p.path }
+func (p *Provider) Features() verbs.Features { return p.feat }
 
 func (p *Provider) ForkInit() (verbs.ForkStatus, error) {
 	var st C.int
 	r := C.nb_fork_init(&st)
 	return verbs.ForkStatus(st), errnoErr("ibv_fork_init", r)
 }
-func (p *Provider) Features() verbs.Features { return p.feat }
 
 func errnoErr(what string, r C.int) error {
 	if r == 0 {
