@@ -18,8 +18,7 @@
 // retry exceeded, or ibv_post_send refusing a WR with Fault.PostErr),
 // Fabric.InjectModifyFault (ibv_modify_qp failing, e.g. RTR with ETIMEDOUT
 // while a RoCE neighbour is unresolved) and Device.InjectAsyncEvent, and can
-// lay out a matching sysfs tree with
-// Fabric.WriteSysfs.
+// lay out a matching sysfs tree with Fabric.WriteSysfs.
 //
 // Work requests execute synchronously inside PostSend/PostRecv under one
 // fabric-wide mutex: simple, deterministic and free of lock-order problems;
