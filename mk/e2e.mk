@@ -4,11 +4,13 @@
 #                      libraries, log checks, Go vs NCCL Socket busbw (build/e2e/)
 #   make e2e-glibc     the libraries need no newer glibc than GLIBC_FLOOR
 #   make e2e-selftest  shellcheck, pyflakes, unit tests, gloo dry run (no GPU)
+#   make rxe-probe     can this host run Soft-RoCE, and the ib transport next to
+#                      ib_write_bw over it, natively (root; e2e/rxe-probe.sh)
 # mk/plugin.mk owns the rules for both libraries ($(SO), $(SO_V9V10)).
 # The oldest glibc among the GPU images we target (RHEL/Rocky 9: 2.34).
 GLIBC_FLOOR ?= 2.34
 
-.PHONY: e2e-gpu e2e-glibc e2e-selftest
+.PHONY: e2e-gpu e2e-glibc e2e-selftest rxe-probe
 
 e2e-gpu: $(SO) $(SO_V9V10) ## real NCCL on one GPU, both libraries (needs a GPU machine)
 	e2e/run-gpu.sh --plugin $(SO) --plugin-v9v10 $(SO_V9V10)
@@ -18,6 +20,9 @@ e2e-glibc: $(SO) $(SO_V9V10) ## the libraries need no newer glibc than GLIBC_FLO
 
 e2e-selftest: $(SO) $(SO_V9V10) ## the GPU e2e scripts without a GPU: shellcheck, pyflakes, unit tests, gloo dry run
 	e2e/selftest.sh --plugin $(SO) --plugin-v9v10 $(SO_V9V10)
+
+rxe-probe: $(SO) $(HARNESS) $(TOOLS_CMD) $(TOOLS_HELPER) ## native Soft-RoCE on this host: ib transport next to ib_write_bw (root; exit 77: cannot)
+	e2e/rxe-probe.sh --build $(BUILD)
 
 TEST_TARGETS += e2e-glibc e2e-selftest
 # python3-torch (CPU build) lets the self test run the suite for real with gloo.

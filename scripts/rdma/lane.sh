@@ -4,8 +4,10 @@
 # NCCL_SOCKET_IFNAME). Run from the repository root.
 #
 #   lane.sh test    verbs smoke test (ibv_devices, ibv_devinfo, ibv_rc_pingpong pair,
-#                   short ib_write_bw), every build/rdma-tests/*.test binary, and the
-#                   C conformance harness over rxe0 with the ib transport forced
+#                   short ib_write_bw), every build/rdma-tests/*.test binary, the
+#                   C conformance harness over rxe0 with the ib transport forced,
+#                   ncclnet-go, e2e/rxe-probe.sh (one small round) and the kill trials
+#   lane.sh rxe-probe  e2e/rxe-probe.sh alone
 #   lane.sh bench   harness `bench bw` alternating with ib_write_bw on the same rxe0,
 #                   3 rounds at each of the harness's message sizes, with plugin/ib_write_bw
 #                   ratios of the medians (also against ib_write_bw -t 8, the harness's
@@ -189,6 +191,26 @@ tools() {
     fail ncclnet-go "selftest --transport ib failed (output above)"
   else
     pass "ncclnet-go: devices names $DEV:1 with GID index $GID, selftest over ib"
+  fi
+}
+
+# rxe_probe: e2e/rxe-probe.sh, the GPU host's native Soft-RoCE check, run here where
+# rdma_rxe is known to work (on a second rxe device over its own dummy netdev),
+# with one small round, so that every step of it has met a real rdma_rxe before a
+# device session's minutes are spent on it.
+rxe_probe() {
+  section "e2e/rxe-probe.sh (its own rxe device beside $DEV)"
+  local out=$work/rxe-probe rc
+  timeout -k 10 600 e2e/rxe-probe.sh --build "$BUILD" --out "$out" --sizes 65536 --rounds 1 --bytes 16777216
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    fail rxe-probe "e2e/rxe-probe.sh exited $rc (summary above; logs in $out)"
+  elif ! grep -q '^rxe-probe: bandwidth 65536 B: plugin .* ib_write_bw .* ratio' "$out/rxe-probe.txt"; then
+    fail rxe-probe "e2e/rxe-probe.sh printed no plugin/ib_write_bw ratio at 65536 B (summary above)"
+  elif [ -e /sys/class/infiniband/rxeprobe ]; then
+    fail rxe-probe "e2e/rxe-probe.sh left its rxeprobe device behind"
+  else
+    pass "rxe-probe: every step over its own rxe device, which it removed"
   fi
 }
 
@@ -384,9 +406,10 @@ bench_lat() {
 }
 
 case ${1:-test} in
-  test) verbs_smoke; go_tests; conformance; tools; kill_trials ;;
+  test) verbs_smoke; go_tests; conformance; tools; rxe_probe; kill_trials ;;
   bench) bench ;;
   verbs) verbs_smoke ;;
-  *) echo "lane.sh: unknown mode '$1' (test, bench, verbs)" >&2; exit 2 ;;
+  rxe-probe) rxe_probe ;;
+  *) echo "lane.sh: unknown mode '$1' (test, bench, verbs, rxe-probe)" >&2; exit 2 ;;
 esac
 summary
