@@ -78,11 +78,11 @@ fi
 
 # --- 2. user space ----------------------------------------------------------------
 command -v rdma >/dev/null || cannot userspace "no rdma tool (iproute2's rdma) to add an rxe link"
-ibverbs=$(ldconfig -p 2>/dev/null | awk '/libibverbs\.so\.1 / { print $NF; exit }')
-[ -n "$ibverbs" ] || ibverbs=$(find /usr/lib /usr/lib64 -maxdepth 2 -name libibverbs.so.1 2>/dev/null | head -1)
+ibverbs=$(ldconfig -p 2>/dev/null | awk '/libibverbs\.so\.1 / && f == "" { f = $NF } END { print f }')
+[ -n "$ibverbs" ] || ibverbs=$(find /usr/lib /usr/lib64 -maxdepth 2 -name libibverbs.so.1 2>/dev/null | sed -n 1p)
 [ -n "$ibverbs" ] ||
   cannot userspace "libibverbs.so.1 is not installed (rdma-core's libibverbs1): the ib transport loads it at run time"
-provider=$(find /usr/lib /usr/lib64 -maxdepth 3 -path '*/libibverbs/librxe-rdmav*.so' 2>/dev/null | head -1)
+provider=$(find /usr/lib /usr/lib64 -maxdepth 3 -path '*/libibverbs/librxe-rdmav*.so' 2>/dev/null | sed -n 1p)
 [ -n "$provider" ] || cannot userspace "libibverbs has no rxe provider (librxe-rdmav*.so, rdma-core's ibverbs-providers)"
 note "user space: $(command -v rdma), $ibverbs, $provider"
 perftest=$(command -v ib_write_bw || true)
