@@ -41,6 +41,10 @@ const (
 	bypassMin = 64 << 10
 )
 
+// read: every message of q has been matched and its inline payload read
+// from the control stream (its data streams may still be delivering).
+func (q *recvReq) read() bool { return q.matched == q.n && !q.ctrlBusy }
+
 // recvComm is the receiving end. Like sendComm, all of it but the helpers
 // runs on NCCL's progress thread without locks.
 type recvComm struct {
@@ -129,11 +133,12 @@ func (r *recvComm) fill(max int) bool {
 	return true
 }
 
-// progress moves everything the control and data streams have for posted
-// receives.
-func (r *recvComm) progress(ctrl bool) {
+// progress moves what the control and data streams have for posted
+// receives; the control stream is read until it is empty or until the
+// receive under test, q, is complete.
+func (r *recvComm) progress(q *recvReq, ctrl bool) {
 	if ctrl {
-		r.drain()
+		r.drain(q)
 	}
 	if len(r.streams) > 0 {
 		r.pump(false)
@@ -143,8 +148,18 @@ func (r *recvComm) progress(ctrl bool) {
 	}
 }
 
-func (r *recvComm) drain() {
+// drain stops once the last of q's messages has been read from the control
+// stream: reading on would mostly find the socket empty, one more recvfrom
+// on the round trip's critical path before NCCL learns that the message
+// arrived, and a message behind it is read by the next call. A q that was
+// already read when drain began (it waits for its data streams) does not
+// stop it: then drain is there to match the messages behind q.
+func (r *recvComm) drain(q *recvReq) {
+	stop := !q.read()
 	for r.err.Load() == nil {
+		if stop && q.read() {
+			return
+		}
 		if r.cur {
 			if avail := r.sw - r.sr; avail > 0 {
 				k := min(avail, r.curLeft)
@@ -277,8 +292,8 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 	// control stream; it still reads it now and then so later messages get
 	// matched (and their chunks queued) while this one drains.
 	r.polls++
-	r.progress(q.matched < q.n || q.ctrlBusy || r.polls&7 == 0)
-	if q.matched == q.n && !q.ctrlBusy && q.left.Load() == 0 {
+	r.progress(q, !q.read() || r.polls&7 == 0)
+	if q.read() && q.left.Load() == 0 {
 		err := q.err
 		if err == nil {
 			copy(sizes, q.sizes[:q.n])

@@ -451,3 +451,48 @@ func TestTimeoutOffStillBoundsSetup(t *testing.T) {
 	require.NotNil(t, op)
 	assert.Equal(t, op.start+int64(timeout.Default), op.deadline, "a black hole must still end the connect")
 }
+
+// A receive's test returns as soon as its own message has been read: the
+// socket is not read again first (on a ping-pong that read would find it
+// empty, a system call on the round trip's critical path), and the message
+// behind it is left to the next call, which must still deliver it.
+func TestTestReturnsOnceItsMessageIsRead(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "0"})
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	var src [2][8]byte
+	var dst [2][8]byte
+	var rqs [2]nccl.Request
+	for i := range rqs {
+		var err error
+		rqs[i], err = r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[i][:]), Size: 8, Tag: 1}})
+		require.NoError(t, err)
+	}
+	for i := range src {
+		pattern(src[i][:], i+1)
+		sq, err := s.Isend(bufPtr(src[i][:]), 8, 1, 0)
+		require.NoError(t, err)
+		done, n, err := s.Test(sq)
+		require.NoError(t, err)
+		require.True(t, done, "an 8-byte send to an idle local peer completes in isend")
+		require.Equal(t, 8, n)
+	}
+	sizes := []int{-1}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		done, err := r.Test(rqs[0], sizes)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the first message never arrived")
+		runtime.Gosched()
+	}
+	assert.Equal(t, []int{8}, sizes)
+	assert.Equal(t, src[0], dst[0])
+	assert.Zero(t, r.reqs.At(int(rqs[1])).matched, "testing the first receive went on to read the second message")
+	done, err := r.Test(rqs[1], sizes)
+	require.NoError(t, err)
+	require.True(t, done, "the second message, already in the socket, is read by the next test")
+	assert.Equal(t, src[1], dst[1])
+}
