@@ -45,6 +45,9 @@ const (
 // from the control stream (its data streams may still be delivering).
 func (q *recvReq) read() bool { return q.matched == q.n && !q.ctrlBusy }
 
+// done: q has all its bytes.
+func (q *recvReq) done() bool { return q.read() && q.left.Load() == 0 }
+
 // recvComm is the receiving end. Like sendComm, all of it but the helpers
 // runs on NCCL's progress thread without locks.
 type recvComm struct {
@@ -134,8 +137,8 @@ func (r *recvComm) fill(max int) bool {
 }
 
 // progress moves what the control and data streams have for posted
-// receives; the control stream is read until it is empty or until the
-// receive under test, q, is complete.
+// receives; the control stream is read until it is empty or the receive
+// under test, q, is complete.
 func (r *recvComm) progress(q *recvReq, ctrl bool) {
 	if ctrl {
 		r.drain(q)
@@ -148,16 +151,14 @@ func (r *recvComm) progress(q *recvReq, ctrl bool) {
 	}
 }
 
-// drain stops once the last of q's messages has been read from the control
-// stream: reading on would mostly find the socket empty, one more recvfrom
-// on the round trip's critical path before NCCL learns that the message
-// arrived, and a message behind it is read by the next call. A q that was
-// already read when drain began (it waits for its data streams) does not
-// stop it: then drain is there to match the messages behind q.
+// drain stops once q is complete: reading on would mostly find the socket
+// empty, one more recvfrom on the round trip's critical path before NCCL
+// learns that the message arrived, and a message behind it is read by the
+// next call. A q still waiting for its data streams does not stop it: then
+// matching the messages behind q lets their chunks be read meanwhile.
 func (r *recvComm) drain(q *recvReq) {
-	stop := !q.read()
 	for r.err.Load() == nil {
-		if stop && q.read() {
+		if q.done() {
 			return
 		}
 		if r.cur {
@@ -293,7 +294,7 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 	// matched (and their chunks queued) while this one drains.
 	r.polls++
 	r.progress(q, !q.read() || r.polls&7 == 0)
-	if q.read() && q.left.Load() == 0 {
+	if q.done() {
 		err := q.err
 		if err == nil {
 			copy(sizes, q.sizes[:q.n])
