@@ -452,7 +452,7 @@ func TestTimeoutOffStillBoundsSetup(t *testing.T) {
 	assert.Equal(t, op.start+int64(timeout.Default), op.deadline, "a black hole must still end the connect")
 }
 
-// A receive's test returns as soon as its own message has been read: the
+// A receive's test returns as soon as its own request is complete: the
 // socket is not read again first (on a ping-pong that read would find it
 // empty, a system call on the round trip's critical path), and the message
 // behind it is left to the next call, which must still deliver it.
