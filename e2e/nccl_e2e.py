@@ -252,6 +252,51 @@ def busbw_table(op, go_rows, socket_rows):
     return out
 
 
+def parse_ops(text):
+    """The --bench-ops list: names from OPS, comma-separated, kept in OPS order;
+    raises ValueError naming an unknown one."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in OPS]
+    if unknown or not names:
+        raise ValueError(f"unknown or no collectives {unknown or text!r}; choose from {','.join(OPS)}")
+    return tuple(op for op in OPS if op in names)
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def busbw_runs_table(op, go_runs, socket_runs):
+    """Markdown rows for N alternating runs of each transport: per size, the
+    median busbw of each, and the Go / Socket ratio of each run pair (run i of Go
+    against run i of Socket, which ran right after it) with its min and median.
+    A failed run is None; a size missing from any run of either transport gets
+    no min or median, since "in each run" is the claim these columns make."""
+    first = next((run for run in go_runs if run is not None), [])
+    sizes = [r["bytes"] for r in first]
+    out = [f"#### {op}", "",
+           f"| size | Go busbw median (GB/s) | Socket busbw median (GB/s) | Go / Socket min | median | "
+           f"per run ({len(go_runs)} pairs) |",
+           "|---:|---:|---:|---:|---:|---|"]
+    for size in sizes:
+        def at(run):
+            return None if run is None else next((r["busbw_gbs"] for r in run if r["bytes"] == size), None)
+        go, so = [at(run) for run in go_runs], [at(run) for run in socket_runs]
+        each = [g / s if g is not None and s else None for g, s in zip(go, so)]
+        pairs = [x for x in each if x is not None]
+        gm = f"{_median([g for g in go if g is not None]):.3f}" if any(g is not None for g in go) else "-"
+        sm = f"{_median([s for s in so if s is not None]):.3f}" if any(s is not None for s in so) else "-"
+        complete = len(pairs) == len(go_runs) == len(socket_runs)
+        lo = f"{min(pairs):.2f}" if complete else "-"
+        md = f"{_median(pairs):.2f}" if complete else "-"
+        runs = " ".join("-" if x is None else f"{x:.2f}" for x in each)
+        out.append(f"| {fmt_bytes(size)} | {gm} | {sm} | {lo} | {md} | {runs} |")
+    out.append("")
+    return out
+
+
 # --------------------------------------------------------------------------
 # Environment detection.
 
@@ -455,7 +500,7 @@ def run_bench(torch, dist, coll, device, rank, args, log):
         dist.all_reduce(t)
         sync()
 
-    for op in OPS:
+    for op in parse_ops(args.bench_ops):
         for nbytes in sizes:
             nelem = elements_for(nbytes, itemsize, WORLD)
             m = nelem // WORLD
@@ -599,7 +644,7 @@ def launch_phase(name, mode, net, so_path, info, args, outdir):
            "--max-bytes", str(args.max_bytes), "--factor", str(args.factor), "--dtypes", args.dtypes,
            "--seed", str(args.seed), "--bench-min", str(args.bench_min), "--bench-max", str(args.bench_max),
            "--bench-budget", str(args.bench_budget), "--bench-min-iters", str(args.bench_min_iters),
-           "--bench-max-iters", str(args.bench_max_iters)]
+           "--bench-max-iters", str(args.bench_max_iters), "--bench-ops", args.bench_ops]
     if args.corrupt:
         cmd += ["--corrupt", args.corrupt]
     procs, files = [], []
@@ -717,12 +762,19 @@ def write_results(path, info, args, phases, bench):
     if go_init:
         lines += [f"Plugin init line: libnccl-net-go {go_init['plugin_version']}, NCCL net API v{go_init['api']}, "
                   f"transport {go_init['transport']}, {go_init['devices']}", ""]
-    if bench.get("Go") and bench.get("Socket"):
+    go_runs, so_runs = bench.get("Go") or [], bench.get("Socket") or []
+    if any(r is not None for r in go_runs) and any(r is not None for r in so_runs):
+        runs = len(go_runs)
         lines += ["### Bus bandwidth, NCCL_NET=Go vs NCCL_NET=Socket (float32, nccl-tests busbw formulas)", ""]
-        for op in OPS:
-            go = [r for r in bench["Go"] if r["op"] == op]
-            so = [r for r in bench["Socket"] if r["op"] == op]
-            lines += busbw_table(op, go, so)
+        if runs > 1:
+            lines += [f"{runs} alternating runs of each (Go, Socket, Go, ...): medians, and the ratio of each "
+                      "Go run to the Socket run after it.", ""]
+
+        def of(runs_, op):
+            return [None if run is None else [r for r in run if r["op"] == op] for run in runs_]
+        for op in parse_ops(args.bench_ops):
+            go, so = of(go_runs, op), of(so_runs, op)
+            lines += busbw_table(op, go[0], so[0]) if runs == 1 else busbw_runs_table(op, go, so)
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -792,10 +844,15 @@ def suite_main(args):
         elif args.backend == "nccl":
             print("== check-v9v10: not run (no --plugin-v9v10 given)", flush=True)
     if not args.skip_bench:
-        for net, so in (("Go", args.plugin), ("Socket", None)):
-            res = run(f"bench-{net.lower()}", "bench", net, so, FULL_EXPORTS)
-            if res:
-                bench[net] = res.get("bench", [])
+        # Runs alternate (Go, Socket, Go, ...) so that a slow phase of the host
+        # lands on both transports; each run is a fresh pair of processes, so
+        # connection setup and stream layout vary between runs as in real jobs.
+        for i in range(1, args.bench_runs + 1):
+            for net, so in (("Go", args.plugin), ("Socket", None)):
+                name = f"bench-{net.lower()}" + (f"-{i}" if args.bench_runs > 1 else "")
+                res = run(name, "bench", net, so, FULL_EXPORTS)
+                # A failed run keeps its place (None), so run i still pairs with run i.
+                bench.setdefault(net, []).append(res.get("bench", []) if res else None)
 
     results_md = os.path.join(outdir, "results.md")
     write_results(results_md, info, args, phases, bench)
@@ -850,6 +907,8 @@ def build_parser():
         p.add_argument("--bench-max", type=int, default=env_default("E2E_BENCH_MAX", 256 * MIB, int))
         p.add_argument("--bench-budget", type=int, default=env_default("E2E_BENCH_BUDGET", 2 << 30, int),
                        help="bytes per measured size: iterations = budget / size, clamped")
+        p.add_argument("--bench-ops", default=env_default("E2E_BENCH_OPS", ",".join(OPS)),
+                       help="collectives the bandwidth phases measure, comma-separated")
         p.add_argument("--bench-min-iters", type=int, default=5)
         p.add_argument("--bench-max-iters", type=int, default=100)
 
@@ -867,6 +926,9 @@ def build_parser():
     s.add_argument("--debug-subsys", default=env_default("E2E_DEBUG_SUBSYS", "INIT,NET"))
     s.add_argument("--phase-timeout", type=int, default=env_default("E2E_PHASE_TIMEOUT", 900, int),
                    help="wall-clock limit for one phase (both ranks), seconds")
+    s.add_argument("--bench-runs", type=int, default=env_default("E2E_BENCH_RUNS", 1, int),
+                   help="alternating runs of each bandwidth phase (Go, Socket, Go, ...); "
+                        "above 1 the report gives each size's min and median ratio")
     s.add_argument("--skip-check", action="store_true")
     s.add_argument("--skip-bench", action="store_true")
     s.add_argument("--corrupt", choices=OPS, help=argparse.SUPPRESS)
@@ -892,6 +954,14 @@ def main(argv=None):
     if args.cmd == "suite":
         if args.max_bytes < 1 or args.factor < 2 or args.bench_min < 1 or args.bench_max < args.bench_min:
             print("e2e: sizes must satisfy 1 <= bench-min <= bench-max, max-bytes >= 1, factor >= 2", file=sys.stderr)
+            return EXIT_USAGE
+        if not 1 <= args.bench_runs <= 20:
+            print("e2e: --bench-runs takes 1..20", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            parse_ops(args.bench_ops)
+        except ValueError as e:
+            print(f"e2e: --bench-ops: {e}", file=sys.stderr)
             return EXIT_USAGE
         return suite_main(args)
     if args.cmd == "rank":

@@ -108,6 +108,31 @@ class SizesAndFormulas(unittest.TestCase):
         self.assertIn("| 1 KiB | 2.000 | 1.000 | 2.00 |", rows)
         self.assertIn("| 4 KiB | 3.000 | - | - |", rows)
 
+    def test_parse_ops(self):
+        self.assertEqual(e.parse_ops("sendrecv, broadcast"), ("broadcast", "sendrecv"))
+        self.assertEqual(e.parse_ops(",".join(e.OPS)), e.OPS)
+        for bad in ("", "bcast", "broadcast,alltoall"):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                e.parse_ops(bad)
+
+    def test_busbw_runs_table_pairs_run_i_with_run_i(self):
+        def run(*bw):
+            return [{"bytes": 65536 << (2 * i), "busbw_gbs": b} for i, b in enumerate(bw)]
+        go = [run(1.0, 4.0), run(3.0, 4.0), run(2.0, 4.0)]
+        so = [run(1.0, 2.0), run(1.0, 1.0), run(4.0, 2.0)]
+        rows = e.busbw_runs_table("broadcast", go, so)
+        self.assertIn("| size | Go busbw median (GB/s) | Socket busbw median (GB/s) | Go / Socket min | median | "
+                      "per run (3 pairs) |", rows)
+        # Ratios 1.0, 3.0, 0.5: min 0.50, median 1.00 (not the ratio of the medians, 2.0 / 1.0).
+        self.assertIn("| 64 KiB | 2.000 | 1.000 | 0.50 | 1.00 | 1.00 3.00 0.50 |", rows)
+        self.assertIn("| 256 KiB | 4.000 | 2.000 | 2.00 | 2.00 | 2.00 4.00 2.00 |", rows)
+
+    def test_busbw_runs_table_failed_run_gives_no_min(self):
+        go = [[{"bytes": 1024, "busbw_gbs": 2.0}], None]
+        so = [[{"bytes": 1024, "busbw_gbs": 1.0}], [{"bytes": 1024, "busbw_gbs": 1.0}]]
+        rows = e.busbw_runs_table("sendrecv", go, so)
+        self.assertIn("| 1 KiB | 2.000 | 1.000 | - | - | 2.00 - |", rows)
+
 
 class NcclVersions(unittest.TestCase):
     def test_parse_nccl_version(self):
