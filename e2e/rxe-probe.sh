@@ -65,10 +65,25 @@ note "host $(uname -n), kernel $(uname -r), $(nproc) CPUs, $(date -u +%FT%TZ)"
 [ "$(id -u)" = 0 ] || cannot root "not root (uid $(id -u)): loading rdma_rxe and adding links needs root"
 
 # --- 1. kernel ------------------------------------------------------------------
+# kconfig: what the running kernel's own configuration says of rdma_rxe, where it
+# tells (/proc/config.gz): the answer that holds even without kmod or /lib/modules.
+kconfig() {
+  local line
+  [ -r /proc/config.gz ] || { echo "no /proc/config.gz to tell"; return; }
+  line=$(zcat /proc/config.gz 2>/dev/null | grep -E '^(# )?CONFIG_RDMA_RXE[ =]' | sed -n 1p)
+  case $line in
+    "# CONFIG_RDMA_RXE is not set") echo "the kernel's config has CONFIG_RDMA_RXE not set: it is neither built in nor a module" ;;
+    CONFIG_RDMA_RXE=m) echo "the kernel's config has CONFIG_RDMA_RXE=m, so the module exists for it but is not installed under /lib/modules/$(uname -r)" ;;
+    "") echo "the kernel's config does not mention CONFIG_RDMA_RXE (CONFIG_INFINIBAND off?)" ;;
+    *) echo "the kernel's config has $line" ;;
+  esac
+}
 if [ -d /sys/module/rdma_rxe ]; then
   note "rdma_rxe: already loaded"
+elif ! command -v modinfo >/dev/null || ! command -v modprobe >/dev/null; then
+  cannot kernel "rdma_rxe is not loaded and there is no modinfo/modprobe (kmod) to load it; $(kconfig)"
 elif ! modinfo rdma_rxe >"$out/modinfo.log" 2>&1; then
-  cannot kernel "no rdma_rxe module for kernel $(uname -r): $(head -1 "$out/modinfo.log") (the kernel lacks CONFIG_RDMA_RXE, or its extra modules package is not installed)"
+  cannot kernel "no rdma_rxe module for kernel $(uname -r): $(head -1 "$out/modinfo.log"); $(kconfig)"
 elif ! modprobe rdma_rxe >"$out/modprobe.log" 2>&1; then
   cannot kernel "modprobe rdma_rxe failed: $(tr '\n' ' ' <"$out/modprobe.log")(a container without CAP_SYS_MODULE, or module signing)"
 else

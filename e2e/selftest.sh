@@ -8,8 +8,12 @@
 #      spawning, every collective, the CPU-side expected values, the bandwidth
 #      table), then the same with a corrupted result, which must fail
 #   4. run-gpu.sh on this GPU-less machine: it must stop with status 77
+#   5. gpu-round.sh (the device session's one command) on this machine: every
+#      step reports a verdict, the e2e step says it cannot run here, the harness
+#      step runs, and the round packs its output
 # Steps 3-4 need PyTorch (Debian: python3-torch); without it they are skipped
-# with the reason printed. E2E_STRICT=1 turns those skips into failures.
+# with the reason printed, as is step 5 without the harness next to the plugin.
+# E2E_STRICT=1 turns those skips into failures.
 #
 #   e2e/selftest.sh [--plugin LIB.so --plugin-v9v10 LIB.so]
 set -euo pipefail
@@ -69,6 +73,33 @@ fi
 echo "e2e-selftest: unit tests ($("$py" --version 2>&1))"
 PYTHONDONTWRITEBYTECODE=1 "$py" -m unittest discover -s "$here" -p 'test_*.py'
 
+gpu_round_check() {
+  local dir round
+  dir="$(dirname "$plugin")" round="$work/round"
+  if "$here/gpu-round.sh" --build "$dir" --out "$round" --budget 150 >"$work/round.out" 2>&1; then :; else
+    cat "$work/round.out"; echo "e2e-selftest: FAIL gpu-round.sh exited $?" >&2; exit 1
+  fi
+  for s in facts rxe e2e harness; do
+    grep -Eq "^gpu-round:    $s: (ok|cannot run on this host)" "$round/round.txt" ||
+      { cat "$round/round.txt"; echo "e2e-selftest: FAIL gpu-round.sh gave step $s no verdict" >&2; exit 1; }
+  done
+  if ! grep -q "^gpu-round:    e2e: cannot run on this host (exit 77)" "$round/round.txt" ||
+     ! grep -q "^summary" "$round/harness.txt" || ! tar tzf "$round/round.tgz" | grep 'harness.log' >/dev/null; then
+    cat "$round/round.txt"; echo "e2e-selftest: FAIL gpu-round.sh's output is incomplete" >&2; exit 1
+  fi
+}
+if [ -n "$plugin" ] && [ -n "$plugin_v9v10" ] && [ -x "$(dirname "$plugin")/ncclnet-harness" ] &&
+   [ "$(dirname "$plugin")" = "$(dirname "$plugin_v9v10")" ]; then
+  if [ -n "$torch_py" ] && "$torch_py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    skip "gpu-round.sh check: this machine has a CUDA GPU; run e2e/gpu-round.sh itself"
+  else
+    echo "e2e-selftest: gpu-round.sh on this machine (no GPU): every step reports, the output is packed"
+    gpu_round_check
+  fi
+else
+  skip "gpu-round.sh check: needs --plugin and --plugin-v9v10 in one directory with ncclnet-harness beside them"
+fi
+
 if [ -z "$torch_py" ]; then
   skip "gloo dry run and run-gpu.sh exit-77 check: no python3 here imports torch (install python3-torch)"
   exit 0
@@ -86,6 +117,22 @@ for op in all_reduce all_gather reduce_scatter broadcast sendrecv; do
   grep -q "^#### $op" "$work/dry/results.md" ||
     { echo "e2e-selftest: FAIL results.md has no $op bandwidth table" >&2; exit 1; }
 done
+
+echo "e2e-selftest: gloo dry run of alternating bandwidth runs on chosen collectives"
+if ! PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/runs" --skip-check \
+    --bench-runs 2 --bench-ops sendrecv,broadcast --bench-min 1024 --bench-max 4096 --bench-budget 1048576 \
+    >"$work/runs.out" 2>&1; then
+  cat "$work/runs.out"; echo "e2e-selftest: FAIL the --bench-runs dry run failed" >&2; exit 1
+fi
+for ph in bench-go-1 bench-socket-1 bench-go-2 bench-socket-2; do
+  grep -q "| $ph | .* | passed |" "$work/runs/results.md" ||
+    { cat "$work/runs/results.md"; echo "e2e-selftest: FAIL results.md lacks phase $ph" >&2; exit 1; }
+done
+if ! grep -Eq '^\| 4 KiB( \| [0-9.]+){4} \| [0-9.]+ [0-9.]+ \|$' "$work/runs/results.md" ||
+   ! grep -q '^#### broadcast' "$work/runs/results.md" || ! grep -q '^#### sendrecv' "$work/runs/results.md" ||
+   grep -q '^#### all_reduce' "$work/runs/results.md"; then
+  cat "$work/runs/results.md"; echo "e2e-selftest: FAIL the per-run table is not as --bench-runs 2 --bench-ops give" >&2; exit 1
+fi
 
 echo "e2e-selftest: a corrupted all_gather result must fail the suite"
 set +e

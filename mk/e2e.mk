@@ -4,13 +4,15 @@
 #                      libraries, log checks, Go vs NCCL Socket busbw (build/e2e/)
 #   make e2e-glibc     the libraries need no newer glibc than GLIBC_FLOOR
 #   make e2e-selftest  shellcheck, pyflakes, unit tests, gloo dry run (no GPU)
+#   make gpu-round     what a device session runs in one bounded command
+#                      (e2e/gpu-round.sh; output in build/gpu-round/)
 #   make rxe-probe     can this host run Soft-RoCE, and the ib transport next to
 #                      ib_write_bw over it, natively (root; e2e/rxe-probe.sh)
 # mk/plugin.mk owns the rules for both libraries ($(SO), $(SO_V9V10)).
 # The oldest glibc among the GPU images we target (RHEL/Rocky 9: 2.34).
 GLIBC_FLOOR ?= 2.34
 
-.PHONY: e2e-gpu e2e-glibc e2e-selftest rxe-probe
+.PHONY: e2e-gpu e2e-glibc e2e-selftest rxe-probe gpu-round
 
 e2e-gpu: $(SO) $(SO_V9V10) ## real NCCL on one GPU, both libraries (needs a GPU machine)
 	e2e/run-gpu.sh --plugin $(SO) --plugin-v9v10 $(SO_V9V10)
@@ -18,8 +20,11 @@ e2e-gpu: $(SO) $(SO_V9V10) ## real NCCL on one GPU, both libraries (needs a GPU 
 e2e-glibc: $(SO) $(SO_V9V10) ## the libraries need no newer glibc than GLIBC_FLOOR
 	e2e/check-glibc.sh --floor $(GLIBC_FLOOR) $(SO) $(SO_V9V10)
 
-e2e-selftest: $(SO) $(SO_V9V10) ## the GPU e2e scripts without a GPU: shellcheck, pyflakes, unit tests, gloo dry run
+e2e-selftest: $(SO) $(SO_V9V10) $(HARNESS) ## the GPU e2e scripts without a GPU: shellcheck, pyflakes, unit tests, gloo dry run, gpu-round
 	e2e/selftest.sh --plugin $(SO) --plugin-v9v10 $(SO_V9V10)
+
+gpu-round: $(SO) $(SO_V9V10) $(HARNESS) $(TOOLS_CMD) $(TOOLS_HELPER) ## a device session's one command: facts, rxe-probe, real NCCL (5 alternating bandwidth runs), harness bench (GPU host)
+	e2e/gpu-round.sh --build $(BUILD)
 
 rxe-probe: $(SO) $(HARNESS) $(TOOLS_CMD) $(TOOLS_HELPER) ## native Soft-RoCE on this host: ib transport next to ib_write_bw (root; exit 77: cannot)
 	e2e/rxe-probe.sh --build $(BUILD)
