@@ -56,13 +56,16 @@ const (
 	// bytes (NCCL_SOCKET_MIN_TASKSIZE, NCCL's default 64 KiB).
 	defaultMinChunk = 64 << 10
 
-	// defaultLocalSndBuf: SO_SNDBUF of the sending sockets of a connection
-	// within one host (the kernel doubles it: 1 MiB of send queue). With
-	// nothing on the wire to cover, autotuning grows the queue to
-	// tcp_wmem's maximum (4 MiB) and the bytes in flight leave the cache
-	// before the receiver copies them; at 1 MiB a 64 MiB stream on the
-	// 2-core VM moved 1.15-1.8x more (median of six rounds 1.5x), with no change up to 4 MiB
-	// (docs/performance.md, "Send queue within one host").
+	// defaultLocalSndBuf: SO_SNDBUF of the sending socket of a connection
+	// within one host that has no data streams (the kernel doubles it: 1 MiB
+	// of send queue). With nothing on the wire to cover, autotuning grows the
+	// queue to tcp_wmem's maximum (4 MiB) and the bytes in flight leave the
+	// cache before the receiver copies them; at 1 MiB a 64 MiB stream on the
+	// 2-core VM moved 1.15-1.8x more (median of six rounds 1.5x), with no
+	// change up to 4 MiB. A connection with data streams keeps autotuning:
+	// on the 16-core GPU host the bound cost real NCCL a third of its
+	// broadcast bandwidth at 64 KiB-64 MiB, though the harness gained from
+	// it there at 16-64 MiB (docs/performance.md, "Send queue within one host").
 	defaultLocalSndBuf = 512 << 10
 
 	defaultHelpers    = 4
@@ -86,9 +89,9 @@ var (
 		"SO_SNDBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
 	rcvBuf = env.Int(envRcvBuf, -1,
 		"SO_RCVBUF of every socket, bytes; <= 0 leaves the kernel's autotuning").ShowDefault("-1 (kernel autotuning)")
-	localSndBuf = env.Int(envLocalSndBuf, defaultLocalSndBuf,
-		"SO_SNDBUF of the sending sockets of a connection whose peer is on this host (loopback or one of its own addresses), bytes; <= 0 leaves the kernel's autotuning; a NCCL_SOCKET_SNDBUF above 0 applies instead").
-		In(-1, 1<<30)
+	localSndBuf = env.Int(envLocalSndBuf, auto,
+		"SO_SNDBUF of the sending sockets of a connection whose peer is on this host (loopback or one of its own addresses), bytes; 0 or -1 leaves the kernel's autotuning; -2: auto (512 KiB for a connection without data streams, autotuning for one with them); a NCCL_SOCKET_SNDBUF above 0 applies instead").
+		In(auto, 1<<30).ShowDefault("auto (524288 without data streams, else autotuning)")
 	inlineMax = env.Int(envInline, defaultInline,
 		"messages up to this size travel inline on the control stream").In(0, maxInline)
 	idleInlineMax = env.Int(envIdleInline, defaultIdleInline,

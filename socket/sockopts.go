@@ -40,9 +40,22 @@ func readSockOpts(log nccl.Logger, streams int) sockOpts {
 	}
 	o.live = livePolicyFor(o.timeout)
 	if o.sndBuf <= 0 {
-		o.localSndBuf = max(int(localSndBuf.Get(log)), 0)
+		o.localSndBuf = localSndBufFor(localSndBuf.Get(log), streams)
 	}
 	return o
+}
+
+// localSndBufFor resolves NCCL_GO_SOCKET_LOCAL_SNDBUF for a connection with
+// streams data streams: auto bounds only a connection without them, where one
+// socket carries every byte (config.go says what each layout measured).
+func localSndBufFor(v int64, streams int) int {
+	if v == auto {
+		if streams > 0 {
+			return 0
+		}
+		return defaultLocalSndBuf
+	}
+	return max(int(v), 0)
 }
 
 // sameHost reports whether the connected socket fd reaches a peer on this
