@@ -29,6 +29,7 @@ import os
 import platform
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -262,10 +263,10 @@ def parse_ops(text):
     return tuple(op for op in OPS if op in names)
 
 
-def _median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+def _fmt_median(xs, digits):
+    """The median of the values that are there (None: a failed run), or "-"."""
+    xs = [x for x in xs if x is not None]
+    return f"{statistics.median(xs):.{digits}f}" if xs else "-"
 
 
 def busbw_runs_table(op, go_runs, socket_runs):
@@ -286,13 +287,11 @@ def busbw_runs_table(op, go_runs, socket_runs):
         go, so = [at(run) for run in go_runs], [at(run) for run in socket_runs]
         each = [g / s if g is not None and s else None for g, s in zip(go, so)]
         pairs = [x for x in each if x is not None]
-        gm = f"{_median([g for g in go if g is not None]):.3f}" if any(g is not None for g in go) else "-"
-        sm = f"{_median([s for s in so if s is not None]):.3f}" if any(s is not None for s in so) else "-"
         complete = len(pairs) == len(go_runs) == len(socket_runs)
         lo = f"{min(pairs):.2f}" if complete else "-"
-        md = f"{_median(pairs):.2f}" if complete else "-"
+        md = _fmt_median(pairs, 2) if complete else "-"
         runs = " ".join("-" if x is None else f"{x:.2f}" for x in each)
-        out.append(f"| {fmt_bytes(size)} | {gm} | {sm} | {lo} | {md} | {runs} |")
+        out.append(f"| {fmt_bytes(size)} | {_fmt_median(go, 3)} | {_fmt_median(so, 3)} | {lo} | {md} | {runs} |")
     out.append("")
     return out
 
