@@ -90,7 +90,17 @@ func TestRelayForwardsBothWaysInOrder(t *testing.T) {
 	if got := a.recv(t); !bytes.Equal(got, arp) {
 		t.Fatal("b>a ARP frame changed on the way")
 	}
+	// The writer counts a frame after its Write returns, so the receiver
+	// may see the last frame before the counter moves: wait for the counts
+	// to settle, then check every one of them exactly.
 	s := &r.stats[ab]
+	settled := func() bool {
+		return s.frames[pass].Load() == 500 && s.tcp.Load() == 500 && s.bytes.Load() == uint64(500*len(tcpFrame(0))) &&
+			r.stats[ba].frames[pass].Load() == 1
+	}
+	for deadline := time.Now().Add(10 * time.Second); !settled() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if s.frames[pass].Load() != 500 || s.tcp.Load() != 500 || s.bytes.Load() != uint64(500*len(tcpFrame(0))) {
 		t.Errorf("a>b counters: %s", s)
 	}
