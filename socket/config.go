@@ -27,6 +27,7 @@ const (
 	envIdleInline   = "NCCL_GO_SOCKET_IDLE_INLINE"
 	envHelpers      = "NCCL_GO_SOCKET_HELPERS"
 	envLocalSndBuf  = "NCCL_GO_SOCKET_LOCAL_SNDBUF"
+	envShareAfter   = "NCCL_GO_SOCKET_SHARE_AFTER"
 
 	defaultHelloWait = 10 * time.Second
 
@@ -71,6 +72,19 @@ const (
 	defaultHelpers    = 4
 	minCPUsForHelpers = 8
 
+	// defaultShareAfter: how long NCCL's thread leaves a stream that has a
+	// helper to that helper before moving its chunks itself. Racing the
+	// helpers for every chunk (0, the rule from 11-24 to 11-26) made NCCL's
+	// thread win nearly every race: it sweeps the streams right after
+	// queueing, before a woken helper runs, so the copies of eight 64 KiB
+	// messages in flight ran on one thread (3.6 GB/s, 140 % CPU, on the
+	// 16-core H200 host), where helpers doing every striped copy had moved
+	// 7.75 GB/s and real NCCL's send/recv 2.2-2.5x NCCL Socket from 16 MiB
+	// (1.1-1.2x with the race). Longer than a helper's wake-up on an idle
+	// core, short next to a scheduler tick, so a helper that cannot run
+	// (an oversubscribed host) costs a tenth of a millisecond, not a stall.
+	defaultShareAfter = 100 * time.Microsecond
+
 	// auto is NCCL's "pick for me" value of NCCL_SOCKET_NTHREADS and
 	// NCCL_NSOCKS_PERTHREAD (and of our NCCL_GO_SOCKET_HELPERS).
 	auto = -2
@@ -103,6 +117,9 @@ var (
 	helpers = env.Int(envHelpers, auto,
 		"goroutines per connection end moving striped chunks beside NCCL's thread (at most one per stream); -2: auto").
 		ShowDefault("auto (4 with >= 8 CPUs, else 0)")
+	shareAfter = env.Duration(envShareAfter, defaultShareAfter, time.Microsecond,
+		"how long a data stream with a helper may go without progress before NCCL's thread moves its chunks itself, microseconds; 0: at once (NCCL's thread races the helpers for every chunk)").
+		In(0, time.Second)
 )
 
 // The shared settings' names, for the hints in WARNs.
@@ -177,13 +194,16 @@ func helloTimeout(log nccl.Logger) time.Duration {
 }
 
 // helperCount is NCCL_GO_SOCKET_HELPERS: goroutines per connection end that
-// move striped chunks beside NCCL's thread (which moves them too: it never
-// waits for a helper). Auto (unset or -2) is one per stream, at most
+// move striped chunks beside NCCL's thread (which never blocks on one, and
+// moves a helper's stream itself when it stalls). Auto (unset or -2) is one per stream, at most
 // defaultHelpers, on hosts with minCPUsForHelpers CPUs or more; none below,
 // where every extra runnable thread takes a core from NCCL's.
 func helperCount(log nccl.Logger, streams int) int {
 	return min(int(readAuto(log, helpers, autoHelpers(runtime.NumCPU()))), streams)
 }
+
+// shareAfterNs is NCCL_GO_SOCKET_SHARE_AFTER in nanoseconds.
+func shareAfterNs(log nccl.Logger) int64 { return int64(shareAfter.Get(log)) }
 
 func autoHelpers(ncpu int) int64 {
 	if ncpu < minCPUsForHelpers {

@@ -26,6 +26,11 @@ func TestConformance(t *testing.T) {
 		// from 8 CPUs up).
 		{"4streams-helpers", map[string]string{envNThreads: "4", envHelpers: "4"}, 16 << 20},
 		{"3streams-2helpers", map[string]string{envNThreads: "3", envHelpers: "2", envInline: "0", envIdleInline: "0"}, 16 << 20},
+		// NCCL's thread racing the helpers for every chunk, and stepping in
+		// only after a long stall (its one try per period must not lose or
+		// reorder bytes either).
+		{"4streams-helpers-eager", map[string]string{envNThreads: "4", envHelpers: "4", envShareAfter: "0"}, 16 << 20},
+		{"3streams-2helpers-share1us", map[string]string{envNThreads: "3", envHelpers: "2", envShareAfter: "1", envInline: "0", envIdleInline: "0"}, 16 << 20},
 		{"8streams-inline0", map[string]string{envNThreads: "4", envNSocks: "2", envInline: "0", envIdleInline: "0"}, 16 << 20},
 		{"3streams-inline1MiB", map[string]string{envNThreads: "3", envInline: "1048576", envMinChunk: "4096"}, 16 << 20},
 	} {

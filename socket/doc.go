@@ -11,8 +11,9 @@
 // machines its repeated calls advance; small messages travel inline after
 // their 16-byte header on the control stream, large ones are striped over the
 // data streams, and both are moved inside Isend/Irecv/Test with non-blocking
-// syscalls. Optional helper goroutines (NCCL_GO_SOCKET_HELPERS) share the
-// striped work under a per-stream try-lock. A peer is dead only when its host
+// syscalls. Optional helper goroutines (NCCL_GO_SOCKET_HELPERS) move the
+// striped chunks under a per-stream try-lock; NCCL's thread takes over a
+// helper's stream only when it stalls (NCCL_GO_SOCKET_SHARE_AFTER). A peer is dead only when its host
 // stops answering on the liveness stream for NCCL_GO_TIMEOUT (live.go); slow
 // or stopped peers are alive. See docs/socket.md for the wire format, the
 // settings and measured numbers.

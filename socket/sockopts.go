@@ -25,7 +25,8 @@ type sockOpts struct {
 	live        livePolicy
 	inline      int
 	idleInline  int
-	helpers     int // per end, decided by each end for itself
+	helpers     int   // per end, decided by each end for itself
+	shareAfter  int64 // ns; NCCL_GO_SOCKET_SHARE_AFTER
 }
 
 // readSockOpts reads the settings of a connection with streams data streams.
@@ -37,6 +38,7 @@ func readSockOpts(log nccl.Logger, streams int) sockOpts {
 		inline:     inlineLimit(log),
 		idleInline: idleInlineLimit(log),
 		helpers:    helperCount(log, streams),
+		shareAfter: shareAfterNs(log),
 	}
 	o.live = livePolicyFor(o.timeout)
 	if o.sndBuf <= 0 {

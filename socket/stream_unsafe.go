@@ -30,6 +30,9 @@ type core struct {
 	warned bool // NCCL thread only: the fatal error was logged
 
 	nextStream int // NCCL thread only: stream of the next chunk
+	// shareAfter: NCCL's thread moves a stream that has a helper only once
+	// it has gone this long without progress (NCCL_GO_SOCKET_SHARE_AFTER).
+	shareAfter int64
 
 	helpers []*helper
 	hwg     sync.WaitGroup
@@ -54,7 +57,7 @@ func (c conns) close() {
 
 // init takes ownership of cs (it closes them on failure).
 func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send bool) error {
-	c.log, c.ctrl, c.chunk = log, cs.ctrl, hi.minChunk
+	c.log, c.ctrl, c.chunk, c.shareAfter = log, cs.ctrl, hi.minChunk, o.shareAfter
 	c.live = liveness{fd: cs.beat, pol: o.live, next: clock.Now() + o.live.period}
 	c.peer = peerName(cs.ctrl)
 	c.streams = make([]*stream, len(cs.data))
@@ -214,6 +217,14 @@ type stream struct {
 	busy atomic.Int32
 	off  int   // bytes of ring[head] moved; busy holder only
 	err  error // busy holder only: why move stopped for good
+	// moves counts the busy holder's calls that moved bytes, on streams
+	// with a helper: NCCL's thread tells a helper at work from one that
+	// is not by watching it.
+	moves atomic.Uint32
+	// NCCL's thread only: the moves count it last saw with chunks
+	// pending, and when (0: nothing was pending at its last look).
+	seen   uint32
+	seenAt int64
 	// scratch is where discarded bytes go (receive side only).
 	scratch []byte
 }
@@ -264,6 +275,9 @@ func (s *stream) move() (bool, error) {
 				return moved, nil
 			}
 			s.off += n
+			if !moved && s.h != nil {
+				s.moves.Add(1)
+			}
 			moved = true
 		}
 		left := t.left
@@ -274,11 +288,25 @@ func (s *stream) move() (bool, error) {
 	}
 }
 
-// pump moves what every data stream can move now, from NCCL's thread. A
-// stream a helper is working on is skipped: the helper is moving it.
+// pump moves what the data streams can move now, from NCCL's thread. A
+// stream a helper holds is skipped, and so is one whose helper is keeping up
+// (overdue): NCCL's thread steps in only for a helper that cannot run.
 func (c *core) pump(send bool) {
+	var now int64
 	for _, s := range c.streams {
-		if !s.pending() || !s.busy.CompareAndSwap(0, 1) {
+		if !s.pending() {
+			s.seenAt = 0
+			continue
+		}
+		if s.h != nil && c.shareAfter > 0 {
+			if now == 0 {
+				now = clock.Now()
+			}
+			if !s.overdue(now, c.shareAfter) {
+				continue
+			}
+		}
+		if !s.busy.CompareAndSwap(0, 1) {
 			continue
 		}
 		_, err := s.move()
@@ -288,6 +316,24 @@ func (c *core) pump(send bool) {
 			return
 		}
 	}
+}
+
+// overdue reports whether s, which has chunks pending and a helper, has
+// made no progress for after ns; NCCL's thread calls it. While it stays
+// stuck it is overdue once per after ns, so a helper that cannot run costs
+// NCCL's thread one try per period (a full socket: one EAGAIN), not one per
+// call.
+func (s *stream) overdue(now, after int64) bool {
+	m := s.moves.Load()
+	if s.seenAt == 0 || m != s.seen {
+		s.seen, s.seenAt = m, now
+		return false
+	}
+	if now-s.seenAt < after {
+		return false
+	}
+	s.seenAt = now
+	return true
 }
 
 func (c *core) streamFailed(err error, send bool) {
