@@ -25,6 +25,24 @@ check() {
     fail=1
   fi
 }
+# The harness's conformance check peer-killed accepts a receive from a killed
+# peer that completes only when every byte the peer sent landed.
+conf() {
+  local name=$1 want=$2 pat=$3 out rc
+  shift 3
+  out=$(env "$@" timeout -k 5 120 "$H" conformance --plugin "$SO" --versions 8 --only peer-killed 2>&1)
+  rc=$?
+  echo "$out" | sed 's/^/    | /'
+  if [ "$rc" -eq "$want" ] && grep -E -- "$pat" <<<"$out" >/dev/null; then
+    echo "ok   - $name"
+  else
+    echo "FAIL - $name: exit $rc (want $want), pattern /$pat/ $(grep -E -- "$pat" <<<"$out" >/dev/null && echo found || echo missing)"
+    fail=1
+  fi
+}
+conf "peer-killed: a working plugin passes" 0 '^PASS v8 peer-killed \(after .*recv ncclSystemError'
+conf "peer-killed: a receive cut short and reported complete fails" 1 \
+  '^FAIL v8 peer-killed: .*reported success, but the bytes at offset [0-9]+ are not the peer.s' FAULTY_DEAD_DONE=1
 check "kill: a working plugin passes" 0 '^faults kill: PASS: 4 trials.* 0 hangs' -- kill --trials 4
 check "kill: a plugin that never reports a dead peer hangs" 1 '^faults kill: FAIL: 2 trials.* 2 hangs' \
   FAULTY_IGNORE_PEER=1 -- kill --trials 2 --within 1
