@@ -1276,7 +1276,7 @@ static uint64_t killed_word(size_t off) { return 0x6b696c6c65640000ull ^ (uint64
  * receive of rank 0's data posted. Rank 0's receive must fail within the
  * deadline, unless every byte landed: an RDMA NIC may carry out writes
  * already posted while their process is being killed (our reading of one
- * completed receive over Soft-RoCE in about fifty lane runs), and then the
+ * completed receive over Soft-RoCE in the lane, 2026-11-26), and then the
  * receive is complete and right. Its send must end too (error, or success if
  * it all landed). */
 static int chk_peer_killed(conf_t* c) {
