@@ -295,7 +295,11 @@ func (c *core) pump(send bool) {
 	var now int64
 	for _, s := range c.streams {
 		if !s.pending() {
-			s.seenAt = 0
+			// Only a stream that has a helper ever sets seenAt; testing
+			// before the store keeps idle streams' lines unwritten.
+			if s.seenAt != 0 {
+				s.seenAt = 0
+			}
 			continue
 		}
 		if s.h != nil && c.shareAfter > 0 {
