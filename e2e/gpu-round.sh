@@ -13,7 +13,9 @@
 # 3. e2e: real NCCL through the plugin (e2e/run-gpu.sh): the correctness suite on both
 #    libraries up to E2E_MAX_BYTES (default here 4 MiB), then E2E_BENCH_RUNS (5)
 #    alternating runs of Go and NCCL Socket bandwidth for E2E_BENCH_OPS (broadcast,sendrecv)
-#    from 64 KiB to 64 MiB;
+#    from 64 KiB to 64 MiB, with a third arm between them, E2E_BENCH_VARIANT: the
+#    plugin with the setting whose default is still open (today
+#    share0:NCCL_GO_SOCKET_SHARE_AFTER=0; set it empty for two arms);
 # 4. harness: ncclnet-harness bench all (the plugin next to plain TCP, NCCL-style loop)
 #    on this host's cores.
 # DIR (--build, default build/) holds libnccl-net-go.so, libnccl-net-go-v9v10.so,
@@ -36,7 +38,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
     --debs) debs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu-round: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -103,6 +105,7 @@ e2e() {
   E2E_BENCH_MAX="${E2E_BENCH_MAX:-67108864}" E2E_BENCH_BUDGET="${E2E_BENCH_BUDGET:-1073741824}" \
   E2E_BENCH_OPS="${E2E_BENCH_OPS:-broadcast,sendrecv}" E2E_BENCH_RUNS="${E2E_BENCH_RUNS:-5}" \
   E2E_PHASE_TIMEOUT="${E2E_PHASE_TIMEOUT:-120}" \
+  E2E_BENCH_VARIANT="${E2E_BENCH_VARIANT-share0:NCCL_GO_SOCKET_SHARE_AFTER=0}" \
     "$here/run-gpu.sh" --plugin "$build/libnccl-net-go.so" --plugin-v9v10 "$build/libnccl-net-go-v9v10.so" \
     --out "$work/e2e"
 }
@@ -189,7 +192,7 @@ step facts 20
 sed 's/^/  /' "$work/facts.log" | tee -a "$summary"
 step rxe 90
 grep -h 'rxe-probe:' "$work/rxe.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
-step e2e 270
+step e2e 300
 grep -E '^(==|   )' "$work/e2e.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
 step harness 90
 sed -n '/^summary/,$p' "$work/harness.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"

@@ -9,7 +9,8 @@ spawned here (no torchrun) and meet through a file store.
 
 Subcommands:
   suite   run every phase (correctness on each .so, log checks, Go vs Socket
-          bandwidth) and write results.md; this is what `make e2e-gpu` runs
+          bandwidth, optionally a third arm of Go with other settings,
+          --bench-variant) and write results.md; this is what `make e2e-gpu` runs
   rank    one rank of one phase (spawned by suite; not meant to be run by hand)
   checklog  re-check existing rank logs, e.g. after editing a log by hand
 
@@ -237,12 +238,14 @@ def check_log(text, net, library=None, expect_api=None):
     return problems, facts
 
 
-def busbw_table(op, go_rows, socket_rows):
+def busbw_table(op, go_rows, socket_rows, labels=("Go", "Socket")):
     """Markdown rows: size | Go busbw | Socket busbw | ratio, from bench rows
-    ({"bytes", "busbw_gbs", ...}) keyed by size."""
+    ({"bytes", "busbw_gbs", ...}) keyed by size. labels name the two columns
+    (a --bench-variant table compares other arms)."""
+    a, b = labels
     socket_by = {r["bytes"]: r for r in socket_rows}
     out = [f"#### {op}", "",
-           "| size | Go busbw (GB/s) | Socket busbw (GB/s) | Go / Socket |",
+           f"| size | {a} busbw (GB/s) | {b} busbw (GB/s) | {a} / {b} |",
            "|---:|---:|---:|---:|"]
     for r in go_rows:
         s = socket_by.get(r["bytes"])
@@ -263,22 +266,57 @@ def parse_ops(text):
     return tuple(op for op in OPS if op in names)
 
 
+# What rank_env sets itself: a --bench-variant may not name these, since the
+# suite's value would win and the variant would silently measure nothing.
+SUITE_VARS = frozenset((
+    "NCCL_HOSTID", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE",
+    "NCCL_NET", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_IFNAME", "NCCL_GO_TRANSPORT",
+    "NCCL_CUMEM_ENABLE", "NCCL_NET_PLUGIN", "NCCL_DEBUG_FILE"))
+
+
+def parse_variant(text):
+    """The --bench-variant value "NAME:VAR=VALUE[,VAR=VALUE...]": a third arm of
+    the bandwidth runs, our plugin with those NCCL_* settings, so that one
+    round answers an A/B of a setting. Returns None for "", else (NAME, {VAR:
+    VALUE}); raises ValueError saying what is wrong."""
+    text = text.strip()
+    if not text:
+        return None
+    name, sep, rest = text.partition(":")
+    if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
+        raise ValueError(f"{text!r}: expected NAME:VAR=VALUE[,VAR=VALUE...] with NAME of "
+                         "lower-case letters, digits, - and _ (e.g. share0:NCCL_GO_SOCKET_SHARE_AFTER=0)")
+    env = {}
+    for item in rest.split(","):
+        var, eq, value = item.strip().partition("=")
+        if not eq or not re.fullmatch(r"NCCL_[A-Z0-9_]+", var):
+            raise ValueError(f"{item.strip()!r} in {text!r}: each setting is NCCL_...=VALUE")
+        if var in SUITE_VARS:
+            raise ValueError(f"{var} is set by the suite itself for every phase; a variant cannot change it")
+        if var in env:
+            raise ValueError(f"{var} is given twice in {text!r}")
+        env[var] = value
+    return name, env
+
+
 def _fmt_median(xs, digits):
     """The median of the values that are there (None: a failed run), or "-"."""
     xs = [x for x in xs if x is not None]
     return f"{statistics.median(xs):.{digits}f}" if xs else "-"
 
 
-def busbw_runs_table(op, go_runs, socket_runs):
+def busbw_runs_table(op, go_runs, socket_runs, labels=("Go", "Socket")):
     """Markdown rows for N alternating runs of each transport: per size, the
     median busbw of each, and the Go / Socket ratio of each run pair (run i of Go
     against run i of Socket, which ran right after it) with its min and median.
     A failed run is None; a size missing from any run of either transport gets
-    no min or median, since "in each run" is the claim these columns make."""
+    no min or median, since "in each run" is the claim these columns make.
+    labels name the two arms."""
+    a, b = labels
     first = next((run for run in go_runs if run is not None), [])
     sizes = [r["bytes"] for r in first]
     out = [f"#### {op}", "",
-           f"| size | Go busbw median (GB/s) | Socket busbw median (GB/s) | Go / Socket min | median | "
+           f"| size | {a} busbw median (GB/s) | {b} busbw median (GB/s) | {a} / {b} min | median | "
            f"per run ({len(go_runs)} pairs) |",
            "|---:|---:|---:|---:|---:|---|"]
     for size in sizes:
@@ -620,9 +658,11 @@ def rank_env(base, rank, backend, net, plugin_vars, args, debug_file=None):
     return env
 
 
-def launch_phase(name, mode, net, so_path, info, args, outdir):
+def launch_phase(name, mode, net, so_path, info, args, outdir, extra_env=None):
     """Runs both ranks of one phase; returns (ok, per-rank results, per-rank
-    [output log, NCCL log] paths, error)."""
+    [output log, NCCL log] paths, error). extra_env (a --bench-variant's
+    settings) is added to the inherited environment; the suite's own
+    settings still come on top."""
     logs = [os.path.join(outdir, "logs", f"{name}.rank{r}.log") for r in range(WORLD)]
     nccl_logs = [os.path.join(outdir, "logs", f"{name}.rank{r}.nccl.log") for r in range(WORLD)]
     results = [os.path.join(outdir, "work", f"{name}.rank{r}.json") for r in range(WORLD)]
@@ -647,8 +687,11 @@ def launch_phase(name, mode, net, so_path, info, args, outdir):
     if args.corrupt:
         cmd += ["--corrupt", args.corrupt]
     procs, files = [], []
+    base = dict(os.environ)
+    base.update(extra_env or {})
     print(f"== {name}: {mode} with NCCL_NET={net}"
-          f"{' on ' + so_path if so_path and args.backend != 'gloo' else ''} "
+          f"{' on ' + so_path if so_path and args.backend != 'gloo' else ''}"
+          f"{''.join(f' {k}={v}' for k, v in (extra_env or {}).items())} "
           f"(logs {os.path.join(outdir, 'logs', name)}.rank*.log)", flush=True)
     t0 = time.monotonic()
     try:
@@ -657,7 +700,7 @@ def launch_phase(name, mode, net, so_path, info, args, outdir):
             files.append(f)
             procs.append(subprocess.Popen(cmd + ["--result", results[r]], stdin=subprocess.DEVNULL, stdout=f,
                                           stderr=subprocess.STDOUT,
-                                          env=rank_env(os.environ, r, args.backend, net, plugin_vars, args,
+                                          env=rank_env(base, r, args.backend, net, plugin_vars, args,
                                                        nccl_logs[r] if args.backend == "nccl" else None),
                                           start_new_session=True))
         deadline = t0 + args.phase_timeout
@@ -766,14 +809,31 @@ def write_results(path, info, args, phases, bench):
         runs = len(go_runs)
         lines += ["### Bus bandwidth, NCCL_NET=Go vs NCCL_NET=Socket (float32, nccl-tests busbw formulas)", ""]
         if runs > 1:
-            lines += [f"{runs} alternating runs of each (Go, Socket, Go, ...): medians, and the ratio of each "
-                      "Go run to the Socket run after it.", ""]
+            order = "Go, Socket, Go, ..." if not args.bench_variant.strip() else "Go, the variant, Socket, Go, ..."
+            lines += [f"{runs} alternating runs of each ({order}): medians, and the ratio of each "
+                      "Go run to the Socket run of its round.", ""]
 
         def of(runs_, op):
             return [None if run is None else [r for r in run if r["op"] == op] for run in runs_]
-        for op in parse_ops(args.bench_ops):
-            go, so = of(go_runs, op), of(so_runs, op)
-            lines += busbw_table(op, go[0], so[0]) if runs == 1 else busbw_runs_table(op, go, so)
+
+        def tables(a_runs, b_runs, labels):
+            out = []
+            for op in parse_ops(args.bench_ops):
+                a, b = of(a_runs, op), of(b_runs, op)
+                out += busbw_table(op, a[0], b[0], labels) if runs == 1 else busbw_runs_table(op, a, b, labels)
+            return out
+        lines += tables(go_runs, so_runs, ("Go", "Socket"))
+        variant = parse_variant(args.bench_variant)
+        var_runs = bench.get(f"Go:{variant[0]}") if variant else None
+        if var_runs and any(r is not None for r in var_runs):
+            label = f"Go {variant[0]}"
+            settings = " ".join(f"{k}={v}" for k, v in variant[1].items())
+            lines += [f"### The variant: {label} is NCCL_NET=Go with {settings}", "",
+                      f"Run between each Go run and its Socket run; first against Socket, then the "
+                      f"plugin as shipped against it (Go / {label} above 1: the shipped default moves more).", ""]
+            lines += tables(var_runs, so_runs, (label, "Socket"))
+            lines += [f"The plugin as shipped against {label}, run by run:", ""]
+            lines += tables(go_runs, var_runs, ("Go", label))
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -801,7 +861,7 @@ def suite_main(args):
 
     phases, bench, failures = [], {}, []
 
-    def run(name, mode, net, so, exported):
+    def run(name, mode, net, so, exported, extra_env=None):
         expect = expected_api(info["nccl"], exported) if args.backend == "nccl" and so else None
         ph = {"name": name, "so": so, "net": net, "mode": mode}
         phases.append(ph)
@@ -810,7 +870,7 @@ def suite_main(args):
                             f"v{nccl_max_api(info['nccl'])}, the library exports only v{min(exported)}+")
             print(f"== {name}: {ph['status']}", flush=True)
             return None
-        ok, per_rank, logs, err = launch_phase(name, mode, net, so, info, args, outdir)
+        ok, per_rank, logs, err = launch_phase(name, mode, net, so, info, args, outdir, extra_env)
         problems = [err] if err else []
         if args.backend == "nccl":
             lp, facts = check_phase_logs(logs, net, so, expect)
@@ -843,15 +903,21 @@ def suite_main(args):
         elif args.backend == "nccl":
             print("== check-v9v10: not run (no --plugin-v9v10 given)", flush=True)
     if not args.skip_bench:
-        # Runs alternate (Go, Socket, Go, ...) so that a slow phase of the host
-        # lands on both transports; each run is a fresh pair of processes, so
-        # connection setup and stream layout vary between runs as in real jobs.
+        # Runs alternate (Go, Socket, Go, ...; with a variant Go, Go with the
+        # variant, Socket, ...) so that a slow phase of the host lands on every
+        # arm; each run is a fresh pair of processes, so connection setup and
+        # stream layout vary between runs as in real jobs.
+        arms = [("Go", "Go", args.plugin, None)]
+        variant = parse_variant(args.bench_variant)
+        if variant:
+            arms.append((f"Go:{variant[0]}", "Go", args.plugin, variant[1]))
+        arms.append(("Socket", "Socket", None, None))
         for i in range(1, args.bench_runs + 1):
-            for net, so in (("Go", args.plugin), ("Socket", None)):
-                name = f"bench-{net.lower()}" + (f"-{i}" if args.bench_runs > 1 else "")
-                res = run(name, "bench", net, so, FULL_EXPORTS)
+            for arm, net, so, extra in arms:
+                name = f"bench-{arm.lower().replace(':', '-')}" + (f"-{i}" if args.bench_runs > 1 else "")
+                res = run(name, "bench", net, so, FULL_EXPORTS, extra)
                 # A failed run keeps its place (None), so run i still pairs with run i.
-                bench.setdefault(net, []).append(res.get("bench", []) if res else None)
+                bench.setdefault(arm, []).append(res.get("bench", []) if res else None)
 
     results_md = os.path.join(outdir, "results.md")
     write_results(results_md, info, args, phases, bench)
@@ -928,6 +994,9 @@ def build_parser():
     s.add_argument("--bench-runs", type=int, default=env_default("E2E_BENCH_RUNS", 1, int),
                    help="alternating runs of each bandwidth phase (Go, Socket, Go, ...); "
                         "above 1 the report gives each size's min and median ratio")
+    s.add_argument("--bench-variant", default=env_default("E2E_BENCH_VARIANT", ""),
+                   help="a third bandwidth arm, NAME:VAR=VALUE[,VAR=VALUE...]: our plugin with those NCCL_* "
+                        "settings, run between Go and Socket in each round (an A/B of a setting in one suite)")
     s.add_argument("--skip-check", action="store_true")
     s.add_argument("--skip-bench", action="store_true")
     s.add_argument("--corrupt", choices=OPS, help=argparse.SUPPRESS)
@@ -961,6 +1030,11 @@ def main(argv=None):
             parse_ops(args.bench_ops)
         except ValueError as e:
             print(f"e2e: --bench-ops: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            parse_variant(args.bench_variant)
+        except ValueError as e:
+            print(f"e2e: --bench-variant (E2E_BENCH_VARIANT): {e}", file=sys.stderr)
             return EXIT_USAGE
         return suite_main(args)
     if args.cmd == "rank":

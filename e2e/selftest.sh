@@ -118,13 +118,13 @@ for op in all_reduce all_gather reduce_scatter broadcast sendrecv; do
     { echo "e2e-selftest: FAIL results.md has no $op bandwidth table" >&2; exit 1; }
 done
 
-echo "e2e-selftest: gloo dry run of alternating bandwidth runs on chosen collectives"
+echo "e2e-selftest: gloo dry run of alternating bandwidth runs on chosen collectives, with a variant arm"
 if ! PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/runs" --skip-check \
     --bench-runs 2 --bench-ops sendrecv,broadcast --bench-min 1024 --bench-max 4096 --bench-budget 1048576 \
-    >"$work/runs.out" 2>&1; then
+    --bench-variant share0:NCCL_GO_SOCKET_SHARE_AFTER=0 >"$work/runs.out" 2>&1; then
   cat "$work/runs.out"; echo "e2e-selftest: FAIL the --bench-runs dry run failed" >&2; exit 1
 fi
-for ph in bench-go-1 bench-socket-1 bench-go-2 bench-socket-2; do
+for ph in bench-go-1 bench-go-share0-1 bench-socket-1 bench-go-2 bench-go-share0-2 bench-socket-2; do
   grep -q "| $ph | .* | passed |" "$work/runs/results.md" ||
     { cat "$work/runs/results.md"; echo "e2e-selftest: FAIL results.md lacks phase $ph" >&2; exit 1; }
 done
@@ -132,6 +132,20 @@ if ! grep -Eq '^\| 4 KiB( \| [0-9.]+){4} \| [0-9.]+ [0-9.]+ \|$' "$work/runs/res
    ! grep -q '^#### broadcast' "$work/runs/results.md" || ! grep -q '^#### sendrecv' "$work/runs/results.md" ||
    grep -q '^#### all_reduce' "$work/runs/results.md"; then
   cat "$work/runs/results.md"; echo "e2e-selftest: FAIL the per-run table is not as --bench-runs 2 --bench-ops give" >&2; exit 1
+fi
+# The variant's two comparisons, each with a table per collective: against Socket and
+# against the plugin as shipped; and its phases in the order that pairs them by round.
+if ! grep -q '^### The variant: Go share0 is NCCL_NET=Go with NCCL_GO_SOCKET_SHARE_AFTER=0' "$work/runs/results.md" ||
+   [ "$(grep -c '^| size | Go share0 busbw median (GB/s) | Socket busbw median' "$work/runs/results.md")" != 2 ] ||
+   [ "$(grep -c '^| size | Go busbw median (GB/s) | Go share0 busbw median' "$work/runs/results.md")" != 2 ] ||
+   [ "$(grep -o '^== bench-[a-z0-9-]*' "$work/runs.out" | tr '\n' ' ')" != \
+     "== bench-go-1 == bench-go-share0-1 == bench-socket-1 == bench-go-2 == bench-go-share0-2 == bench-socket-2 " ]; then
+  cat "$work/runs.out" "$work/runs/results.md"; echo "e2e-selftest: FAIL --bench-variant gave no variant tables or runs out of order" >&2; exit 1
+fi
+if PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/badvar" --skip-check \
+    --bench-variant 'x:NCCL_NET=Socket' >"$work/badvar.out" 2>&1 || [ $? -ne 2 ] ||
+   ! grep -q "set by the suite itself" "$work/badvar.out"; then
+  cat "$work/badvar.out"; echo "e2e-selftest: FAIL a variant that names a suite variable is not a usage error" >&2; exit 1
 fi
 
 echo "e2e-selftest: a corrupted all_gather result must fail the suite"

@@ -6,11 +6,14 @@ print) and the "cannot run here" exit path.
 Run: python3 -m unittest discover -s e2e -p 'test_*.py'
 """
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import nccl_e2e as e  # noqa: E402
@@ -169,6 +172,65 @@ class NcclVersions(unittest.TestCase):
         self.assertEqual(env["LD_LIBRARY_PATH"], "/x/build:/usr/local/cuda/lib64")
         with self.assertRaises(e.UnsupportedMachine):
             e.plugin_env((2, 20, 5), "/x/build/myplugin.so")
+
+
+class BenchVariant(unittest.TestCase):
+    def test_parse_variant(self):
+        self.assertIsNone(e.parse_variant(""))
+        self.assertIsNone(e.parse_variant("  "))
+        self.assertEqual(e.parse_variant("share0:NCCL_GO_SOCKET_SHARE_AFTER=0"),
+                         ("share0", {"NCCL_GO_SOCKET_SHARE_AFTER": "0"}))
+        self.assertEqual(e.parse_variant("h4:NCCL_GO_SOCKET_HELPERS=4, NCCL_SOCKET_NTHREADS=4"),
+                         ("h4", {"NCCL_GO_SOCKET_HELPERS": "4", "NCCL_SOCKET_NTHREADS": "4"}))
+        for bad in ("NCCL_GO_SOCKET_SHARE_AFTER=0", "Share:NCCL_X=1", "s:", "s:FOO=1", "s:NCCL_X",
+                    "s:NCCL_X=1,NCCL_X=2", "s:NCCL_NET=Socket", "s:NCCL_NET_PLUGIN=other"):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                e.parse_variant(bad)
+
+    def test_suite_vars_cover_what_rank_env_sets(self):
+        # A variable the suite sets but a variant could also name would be
+        # overridden silently: SUITE_VARS must list every one.
+        args = e.build_parser().parse_args(["suite", "--cumem", "0"])
+        env = e.rank_env({}, 0, "nccl", "Go", {"NCCL_NET_PLUGIN": "/x.so"}, args, "/log")
+        self.assertEqual({k for k in env if k.startswith("NCCL_")} - e.SUITE_VARS, set())
+
+    def test_variant_settings_reach_both_ranks(self):
+        seen = []
+
+        class Proc:
+            returncode = 0
+            pid = 0
+
+            def poll(self):
+                return 0
+
+            def wait(self):
+                return 0
+
+        def popen(cmd, **kw):
+            seen.append(kw["env"])
+            return Proc()
+        args = e.build_parser().parse_args(["suite", "--backend", "gloo"])
+        with tempfile.TemporaryDirectory() as out, mock.patch.object(e.subprocess, "Popen", popen), \
+                mock.patch.dict(os.environ, {"NCCL_GO_SOCKET_SHARE_AFTER": "100"}), \
+                contextlib.redirect_stdout(io.StringIO()):
+            for d in ("logs", "work"):
+                os.makedirs(os.path.join(out, d))
+            e.launch_phase("bench-go-share0", "bench", "Go", None, {}, args, out,
+                           {"NCCL_GO_SOCKET_SHARE_AFTER": "0"})
+            e.launch_phase("bench-go", "bench", "Go", None, {}, args, out)
+        self.assertEqual([env["NCCL_GO_SOCKET_SHARE_AFTER"] for env in seen], ["0", "0", "100", "100"])
+
+    def test_labelled_tables(self):
+        a = [{"bytes": 1024, "busbw_gbs": 2.0}]
+        b = [{"bytes": 1024, "busbw_gbs": 4.0}]
+        rows = e.busbw_table("sendrecv", a, b, ("Go", "Go share0"))
+        self.assertIn("| size | Go busbw (GB/s) | Go share0 busbw (GB/s) | Go / Go share0 |", rows)
+        self.assertIn("| 1 KiB | 2.000 | 4.000 | 0.50 |", rows)
+        rows = e.busbw_runs_table("sendrecv", [a, a], [b, a], ("Go share0", "Socket"))
+        self.assertIn("| size | Go share0 busbw median (GB/s) | Socket busbw median (GB/s) | "
+                      "Go share0 / Socket min | median | per run (2 pairs) |", rows)
+        self.assertIn("| 1 KiB | 2.000 | 3.000 | 0.50 | 0.75 | 0.50 1.00 |", rows)
 
 
 class RankEnvironment(unittest.TestCase):

@@ -23,7 +23,7 @@ e2e-glibc: $(SO) $(SO_V9V10) ## the libraries need no newer glibc than GLIBC_FLO
 e2e-selftest: $(SO) $(SO_V9V10) $(HARNESS) ## the GPU e2e scripts without a GPU: shellcheck, pyflakes, unit tests, gloo dry run, gpu-round
 	e2e/selftest.sh --plugin $(SO) --plugin-v9v10 $(SO_V9V10)
 
-gpu-round: $(SO) $(SO_V9V10) $(HARNESS) $(TOOLS_CMD) $(TOOLS_HELPER) ## a device session's one command: facts, rxe-probe, real NCCL (5 alternating bandwidth runs), harness bench (GPU host)
+gpu-round: $(SO) $(SO_V9V10) $(HARNESS) $(TOOLS_CMD) $(TOOLS_HELPER) ## a device session's one command: facts, rxe-probe, real NCCL (5 alternating rounds of Go, Go variant, Socket bandwidth), harness bench (GPU host)
 	e2e/gpu-round.sh --build $(BUILD)
 
 rxe-probe: $(SO) $(HARNESS) $(TOOLS_CMD) $(TOOLS_HELPER) ## native Soft-RoCE on this host: ib transport next to ib_write_bw (root; exit 77: cannot)
