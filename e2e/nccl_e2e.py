@@ -809,7 +809,7 @@ def write_results(path, info, args, phases, bench):
         runs = len(go_runs)
         lines += ["### Bus bandwidth, NCCL_NET=Go vs NCCL_NET=Socket (float32, nccl-tests busbw formulas)", ""]
         if runs > 1:
-            order = "Go, Socket, Go, ..." if not args.bench_variant.strip() else "Go, the variant, Socket, Go, ..."
+            order = "Go, the variant, Socket, Go, ..." if args.variant else "Go, Socket, Go, ..."
             lines += [f"{runs} alternating runs of each ({order}): medians, and the ratio of each "
                       "Go run to the Socket run of its round.", ""]
 
@@ -823,7 +823,7 @@ def write_results(path, info, args, phases, bench):
                 out += busbw_table(op, a[0], b[0], labels) if runs == 1 else busbw_runs_table(op, a, b, labels)
             return out
         lines += tables(go_runs, so_runs, ("Go", "Socket"))
-        variant = parse_variant(args.bench_variant)
+        variant = args.variant
         var_runs = bench.get(f"Go:{variant[0]}") if variant else None
         if var_runs and any(r is not None for r in var_runs):
             label = f"Go {variant[0]}"
@@ -908,9 +908,8 @@ def suite_main(args):
         # arm; each run is a fresh pair of processes, so connection setup and
         # stream layout vary between runs as in real jobs.
         arms = [("Go", "Go", args.plugin, None)]
-        variant = parse_variant(args.bench_variant)
-        if variant:
-            arms.append((f"Go:{variant[0]}", "Go", args.plugin, variant[1]))
+        if args.variant:
+            arms.append((f"Go:{args.variant[0]}", "Go", args.plugin, args.variant[1]))
         arms.append(("Socket", "Socket", None, None))
         for i in range(1, args.bench_runs + 1):
             for arm, net, so, extra in arms:
@@ -1032,7 +1031,8 @@ def main(argv=None):
             print(f"e2e: --bench-ops: {e}", file=sys.stderr)
             return EXIT_USAGE
         try:
-            parse_variant(args.bench_variant)
+            # Parsed once here; suite_main and write_results read args.variant.
+            args.variant = parse_variant(args.bench_variant)
         except ValueError as e:
             print(f"e2e: --bench-variant (E2E_BENCH_VARIANT): {e}", file=sys.stderr)
             return EXIT_USAGE
