@@ -178,7 +178,11 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 	if !ok {
 		return nccl.NoRequest, nil
 	}
-	*req = sendReq{size: size, data: data, mh: h, posted: ents[entry].Size}
+	// Pending from the start: a grouped receive's sends are written only once
+	// the whole group is matched, and until then Test must not hand the
+	// request back (NCCL would reuse the buffer, and the pool the id, while
+	// slotReq still names it).
+	*req = sendReq{size: size, data: data, mh: h, posted: ents[entry].Size, pending: s.nDataQPs}
 	if uint64(size) > req.posted {
 		req.truncated = true
 		s.log.Warnf("NET/GoIB : send of %d bytes to %s is larger than the posted receive buffer of %d bytes (tag %d); nothing was written past the buffer and both requests fail with ncclInvalidUsage: sender and receiver disagree on message sizes",

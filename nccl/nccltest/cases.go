@@ -23,6 +23,7 @@ var cases = []struct {
 	{"Truncation", testTruncation},
 	{"GroupedDistinctTags", testGroupedDistinct},
 	{"GroupedEqualTags", testGroupedEqual},
+	{"GroupedSendsOneAtATime", testGroupedOneAtATime},
 	{"FIFO", testFIFO},
 	{"SendBeforeRecv", testSendBeforeRecv},
 	{"InFlight", testInFlight},
@@ -324,6 +325,30 @@ func testGroupedEqual(h *H) {
 		gs = append(gs, g)
 	}
 	h.pump(h.newFlow("grouped, equal tags", p, gs))
+}
+
+// testGroupedOneAtATime posts a group's sends one by one, testing each posted
+// send for a while before the next: a send whose group is not complete yet
+// must not report done unless its data is safe (NCCL then reuses the buffer,
+// which the driver scribbles over), and the request it used must not be
+// handed out again while the group still needs it.
+func testGroupedOneAtATime(h *H) {
+	n := h.needGroups()
+	p := h.connect()
+	gs := groupedRounds(n, func(g *group, sizes []int, round int) {
+		for i, sz := range sizes {
+			g.bufs = append(g.bufs, recvSpec{cap: sz + 64*round, tag: 100 + i})
+		}
+		for i := range sizes {
+			// Small sizes first, so a larger message landing in a smaller
+			// slot's buffer would show as a write past it.
+			j := (i + round) % n
+			g.sends = append(g.sends, sendSpec{size: sizes[j], tag: 100 + j, slot: j})
+		}
+	})
+	f := h.newFlow("grouped, sends one at a time", p, gs[:4])
+	f.sendGap = 20
+	h.pump(f)
 }
 
 func testFIFO(h *H) {

@@ -274,6 +274,11 @@ type flow struct {
 	steps    int
 	// noRequest counts consecutive NoRequest answers of the next isend.
 	noRequest int
+	// sendGap posts one send at a time, sendGap steps after the previous
+	// one, so each send is tested while its group's later sends are not
+	// posted yet (NCCL's subs sharing a comm reach their isend at different
+	// times).
+	sendGap, lastSend int
 }
 
 func (h *H) newFlow(name string, p *Pair, groups []group) *flow {
@@ -370,9 +375,16 @@ func (f *flow) step() bool {
 	// Post sends (after all receives when asked).
 	if !f.allRecvsFirst || f.nextR == len(f.recvs) || f.inflightR() == f.maxRecvs {
 		for f.nextS < len(f.sends) && f.inflightS() < f.maxSends {
+			if f.sendGap > 0 && f.nextS > 0 && f.steps-f.lastSend < f.sendGap {
+				break
+			}
 			before := f.nextS
 			f.postSend()
 			if f.nextS == before {
+				break
+			}
+			if f.sendGap > 0 {
+				f.lastSend = f.steps
 				break
 			}
 		}
@@ -416,6 +428,11 @@ func (f *flow) step() bool {
 				so.done = true
 				if n != len(so.data.b) {
 					h.Errorf("%s: send %d of %d bytes reported %d bytes sent", f.name, i, len(so.data.b), n)
+				}
+				// Done means NCCL may reuse the buffer at once: whatever the
+				// transport still reads from it now is no longer the message.
+				for j := range so.data.b {
+					so.data.b[j] ^= 0xff
 				}
 				h.free(so.data)
 				so.data = nil
