@@ -948,7 +948,10 @@ static int chk_inflight(conf_t* c) {
 }
 
 /* Grouped receive of n buffers: the sender's tags pick the buffer (sent in
- * reverse tag order), then all-equal tags as NCCL passes them (FIFO fill). */
+ * reverse tag order), then all-equal tags as NCCL passes them (FIFO fill),
+ * then distinct tags with each send tested before the next is posted (NCCL's
+ * subs sharing a comm reach isend at different times): a send reported done
+ * has its buffer scribbled over at once, as NCCL would reuse it. */
 static int chk_grouped(conf_t* c) {
   rank_t* r = c->r;
   link_t l;
@@ -960,8 +963,9 @@ static int chk_grouped(conf_t* c) {
   void* mh = NULL;
   void* comm = r->rank == 0 ? l.rc : l.sc;
   char ws[400];
+  static const char* const modes[] = {"distinct tags", "equal tags", "sends tested one by one"};
   net_regmr(&c->n, comm, arena, bsz * 64, NCCL_PTR_HOST, &mh);
-  for (int mode = 0; mode < 2 && rv == 0; mode++) {
+  for (int mode = 0; mode < 3 && rv == 0; mode++) {
     for (int n = (m >= 2 ? 2 : 1); n <= m && rv == 0; n++) {
       /* size of the message for buffer j (distinct, so sizes[] proves the mapping) */
       uint64_t seed = 5000 + (uint64_t)(mode * 100 + n) * 64;
@@ -973,7 +977,7 @@ static int chk_grouped(conf_t* c) {
         for (int j = 0; j < n; j++) {
           data[j] = arena + (size_t)j * bsz;
           sz[j] = bsz;
-          tags[j] = mode == 0 ? 100 + j : 7;
+          tags[j] = mode == 1 ? 7 : 100 + j;
           mhs[j] = mh;
         }
         void* req = NULL;
@@ -997,11 +1001,13 @@ static int chk_grouped(conf_t* c) {
         for (int j = 0; j < n && rv == 0; j++) {
           size_t want = 1000 + (size_t)j * 17;
           if (got[j] != (int)want)
-            rv = fail(c, "irecv(n=%d, %s tags): buffer %d reports %d bytes, expected %zu", n, mode ? "equal" : "distinct", j,
+            rv = fail(c, "irecv(n=%d, %s): buffer %d reports %d bytes, expected %zu", n, modes[mode], j,
                       got[j], want);
           else if (pattern_check(data[j], want, seed + (uint64_t)j) >= 0)
-            rv = fail(c, "irecv(n=%d, %s tags): buffer %d holds the wrong message (%s)", n, mode ? "equal" : "distinct", j,
-                      mode ? "equal tags must fill buffers in send order" : "the tag must select the buffer");
+            rv = fail(c, "irecv(n=%d, %s): buffer %d holds the wrong message (%s)", n, modes[mode], j,
+                      mode == 1   ? "equal tags must fill buffers in send order"
+                      : mode == 2 ? "a send reported done before its data was safe, or its request was reused"
+                                  : "the tag must select the buffer");
         }
       } else {
         int k = ctl_recv(r, &n, sizeof n, CONN_TIMEOUT_S);
@@ -1014,6 +1020,7 @@ static int chk_grouped(conf_t* c) {
           break;
         }
         void* reqs[64];
+        int sent[64] = {0};
         for (int q = 0; q < n && rv == 0; q++) {
           /* mode 0: send buffer j's message with tag 100+j, highest tag first */
           int j = mode == 0 ? n - 1 - q : q;
@@ -1024,14 +1031,20 @@ static int chk_grouped(conf_t* c) {
           uint64_t until = now_ns() + 5000000000ull;
           while (reqs[q] == NULL && rv == 0) {
             reqs[q] = (void*)0x1;
-            ncclResult_t res = net_isend(&c->n, l.sc, b, sz, mode == 0 ? 100 + j : 7, mh, NULL, &reqs[q]);
+            ncclResult_t res = net_isend(&c->n, l.sc, b, sz, mode == 1 ? 7 : 100 + j, mh, NULL, &reqs[q]);
             if (res != ncclSuccess) rv = fail(c, "isend returned %s", result_str(res));
             else if (reqs[q] == (void*)0x1) rv = fail(c, "isend left *request at 0x1");
             else if (reqs[q] == NULL && now_ns() > until) rv = fail(c, "isend returned NULL for 5 s");
           }
+          for (int t = 0; mode == 2 && t < 50 && rv == 0 && !sent[q]; t++) {
+            ncclResult_t res = net_test(&c->n, reqs[q], &sent[q], NULL);
+            if (res != ncclSuccess) rv = fail(c, "test on send #%d of %d, before the next isend, returned %s", q, n, result_str(res));
+            else if (sent[q]) memset(b, 0xa5, sz);
+            else sched_yield();
+          }
         }
         for (int q = 0; q < n && rv == 0; q++) {
-          int done = 0;
+          int done = sent[q];
           while (!done && rv == 0) {
             ncclResult_t res = net_test(&c->n, reqs[q], &done, NULL);
             if (res != ncclSuccess) rv = fail(c, "test on send returned %s", result_str(res));
