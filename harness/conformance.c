@@ -10,7 +10,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -512,6 +514,46 @@ static int chk_props_invalid(conf_t* c) {
   }
   return 0;
 }
+
+/* makeVDevice with a device count the version's props cannot hold (or none)
+ * must be an error, and not a read past NCCL's struct, which here ends at a
+ * page followed by an inaccessible one (a plugin that reads on dies with
+ * SIGSEGV, which the harness reports as the check failing). A valid fusion
+ * is not attempted: it would add a device under the checks that follow. */
+static int vdevice_bad(conf_t* c, const char* when) {
+  if (!net_has_make_vdevice(&c->n)) {
+    snprintf(c->note, sizeof c->note, "(makeVDevice is NULL %s)", when);
+    return 0;
+  }
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE), psz = net_vdevice_props_size(c->n.version);
+  uint8_t* mem = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return fail(c, "mmap: %s", strerror(errno));
+  int rv = 0, max = net_vdevice_max_devs(c->n.version);
+  if (mprotect(mem + pg, pg, PROT_NONE)) rv = fail(c, "mprotect: %s", strerror(errno));
+  int counts[] = {max + 1, 64, 1000, 0, -1};
+  for (int i = 0; rv == 0 && i < (int)(sizeof counts / sizeof counts[0]); i++) {
+    uint8_t* props = mem + pg - psz;
+    memset(props, 0, psz);
+    memcpy(props, &counts[i], sizeof(int)); /* ndevs is the first field of every version */
+    int d = -7;
+    set_where(c->r, "makeVDevice");
+    ncclResult_t res = net_make_vdevice(&c->n, &d, props);
+    if (res == ncclSuccess)
+      rv = fail(c, "makeVDevice %s with ndevs=%d (this version's struct holds %d) returned ncclSuccess, device %d", when,
+                counts[i], max, d);
+  }
+  munmap(mem, 2 * pg);
+  if (rv == 0) snprintf(c->note, sizeof c->note, "(ndevs %d, 64, 1000, 0, -1 refused %s)", max + 1, when);
+  return rv;
+}
+
+/* NCCL never calls it before init, but the table is there to call. */
+static int chk_vdevice_before_init(conf_t* c) {
+  if (do_load(c) != 0) return -1;
+  return vdevice_bad(c, "before init");
+}
+
+static int chk_vdevice_bad(conf_t* c) { return vdevice_bad(c, "after init"); }
 
 /* Small traffic both ways proves a link works. */
 static int link_works(conf_t* c, link_t* l, uint64_t seed) {
@@ -1389,10 +1431,12 @@ static int chk_finalize(conf_t* c) {
 
 static const check_t CHECKS[] = {
     {"load", chk_load, 8, F_NOSETUP},
+    {"makeVDevice-before-init", chk_vdevice_before_init, 9, F_NOSETUP},
     {"init", chk_init, 8, F_NOSETUP},
     {"devices", chk_devices, 8, 0},
     {"getProperties", chk_props, 8, 0},
     {"getProperties-invalid-dev", chk_props_invalid, 8, 0},
+    {"makeVDevice-bad-ndevs", chk_vdevice_bad, 9, 0},
     {"connect-accept-nonblocking", chk_nonblocking, 8, 0},
     {"connect-accept-null-devcomm", chk_null_devptr, 8, 0},
     {"regMr", chk_regmr, 8, 0},

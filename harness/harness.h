@@ -134,6 +134,13 @@ ncclResult_t net_irecv(net_t* n, void* rc, int nr, void** data, size_t* sizes, i
                        void** req);
 ncclResult_t net_iflush(net_t* n, void* rc, int nr, void** data, int* sizes, void** mhs, void** req);
 ncclResult_t net_test(net_t* n, void* req, int* done, int* sizes);
+/* v9+: the version's makeVDevice with a raw ncclNetVDeviceProps_v<version>_t
+ * (net_vdevice_props_size bytes, 0 below v9); ncclInternalError when the
+ * entry is NULL (net_has_make_vdevice tells). */
+size_t net_vdevice_props_size(int version);
+int net_vdevice_max_devs(int version);
+bool net_has_make_vdevice(const net_t* n);
+ncclResult_t net_make_vdevice(net_t* n, int* d, void* props);
 ncclResult_t net_close_send(net_t* n, void* sc);
 ncclResult_t net_close_recv(net_t* n, void* rc);
 ncclResult_t net_close_listen(net_t* n, void* lc);

@@ -457,6 +457,33 @@ ncclResult_t net_iflush(net_t* n, void* rc, int nr, void** data, int* sizes, voi
 }
 
 ncclResult_t net_test(net_t* n, void* req, int* done, int* sizes) { return V8(n)->test(req, done, sizes); }
+
+size_t net_vdevice_props_size(int version) {
+  if (version < 9) return 0;
+  return version >= 12 ? sizeof(ncclNetVDeviceProps_v12_t) : sizeof(ncclNetVDeviceProps_v9_t);
+}
+int net_vdevice_max_devs(int version) {
+  if (version < 9) return 0;
+  return version >= 12 ? NCCL_NET_MAX_DEVS_PER_NIC_V12 : NCCL_NET_MAX_DEVS_PER_NIC_V9;
+}
+bool net_has_make_vdevice(const net_t* n) {
+  switch (n->version) {
+    case 8: return false;
+    case 9: return V9(n)->makeVDevice != NULL;
+    case 10: return V10(n)->makeVDevice != NULL;
+    case 11: return V11(n)->makeVDevice != NULL;
+    default: return V12(n)->makeVDevice != NULL;
+  }
+}
+ncclResult_t net_make_vdevice(net_t* n, int* d, void* props) {
+  if (!net_has_make_vdevice(n)) return ncclInternalError;
+  switch (n->version) {
+    case 9: return V9(n)->makeVDevice(d, props);
+    case 10: return V10(n)->makeVDevice(d, props);
+    case 11: return V11(n)->makeVDevice(d, props);
+    default: return V12(n)->makeVDevice(d, props);
+  }
+}
 ncclResult_t net_close_send(net_t* n, void* sc) { return V8(n)->closeSend(sc); }
 ncclResult_t net_close_recv(net_t* n, void* rc) { return V8(n)->closeRecv(rc); }
 ncclResult_t net_close_listen(net_t* n, void* lc) { return V8(n)->closeListen(lc); }

@@ -198,11 +198,12 @@ func (e *commEntry) irecv(n int, phandles []uintptr) (uintptr, nccl.Result) {
 func (e *commEntry) iflush(n int) (uintptr, nccl.Result) {
 	idx, ok := e.reqs.alloc()
 	if !ok {
-		return 0, nccl.Success
+		// NCCL counts a NULL flush request as done, so a full table cannot
+		// answer NULL as isend and irecv do: the GPU would read unflushed data.
+		return 0, e.callFailed("iflush", nccl.Errorf(nccl.InternalError, "all %d request slots of this comm are in flight; a flush cannot wait for one", len(e.reqs.slots)))
 	}
 	id, err := e.recv.Iflush(e.bufs[:n])
-	// A NULL flush request is one NCCL counts as done; a NULL for lack of a
-	// glue slot (above) is one NCCL retries.
+	// A NULL flush request from the transport is one NCCL counts as done.
 	if err != nil || id < 0 {
 		return 0, e.refused("iflush", idx, id, err)
 	}

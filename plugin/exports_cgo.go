@@ -89,8 +89,14 @@ func goNetGetProperties(version C.int, dev C.int, props unsafe.Pointer) (res C.n
 //export goNetMakeVDevice
 func goNetMakeVDevice(maxDevs C.int, d *C.int, ndevs C.int, devs *C.int) (res C.ncclResult_t) {
 	defer guard("makeVDevice", &res)
-	if d == nil || (devs == nil && ndevs > 0) || ndevs < 0 || ndevs > 64 { /* bound before reading NCCL's array */
+	if d == nil || (devs == nil && ndevs > 0) || ndevs < 0 {
 		return cres(fail("makeVDevice", nccl.Errorf(nccl.InvalidArgument, "bad arguments (NULL index or props, or ndevs=%d)", int(ndevs))))
+	}
+	// NCCL's devs array holds maxDevs entries (this version's
+	// NCCL_NET_MAX_DEVS_PER_NIC): reading past it could fault, and a fault
+	// in Go code is fatal, not a recoverable panic.
+	if ndevs < 1 || ndevs > maxDevs || maxDevs > 64 {
+		return cres(fail("makeVDevice", nccl.Errorf(nccl.InvalidUsage, "cannot fuse %d devices; this API version allows 1 to %d", int(ndevs), int(maxDevs))))
 	}
 	list := make([]int, int(ndevs))
 	for i, v := range unsafe.Slice(devs, int(ndevs)) {

@@ -41,6 +41,11 @@ var state struct {
 	// The last context went while comms were still open (ncclCommAbort may
 	// leave them to be closed later): the last close finalizes the transport.
 	finalizePending atomic.Bool
+	// A v8-v10 init succeeded. Those APIs have no finalize, so from then on
+	// the transport lives as long as the process: a v11+ table's last
+	// finalize (a second NCCL in the same process) must not end it under
+	// the older table's user, whose NCCL would never call init again.
+	pinned atomic.Bool
 }
 
 // devs caches every device's properties and metrics. Virtual devices appear
@@ -201,6 +206,7 @@ func netInit(version int, withCtx bool, trafficClass int) (ctx uintptr, res nccl
 		defer state.mu.RUnlock()
 	}
 	if !withCtx {
+		state.pinned.Store(true)
 		return 0, nccl.Success
 	}
 	c := &netCtx{trafficClass: trafficClass}
@@ -251,6 +257,11 @@ func finalizeIfIdle() {
 // long as the process.
 func finalizeIfIdleLocked() {
 	if !state.ready || state.ctxRefs.Load() > 0 {
+		return
+	}
+	if state.pinned.Load() {
+		state.finalizePending.Store(false)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : last context finalized; transport %s stays for the v8-v10 API user in this process, which has no finalize", state.transport.Name())
 		return
 	}
 	if n := comms.Len(); n > 0 {

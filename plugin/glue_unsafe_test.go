@@ -172,6 +172,7 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 		state.ready, state.transport = false, nil
 		state.ctxRefs.Store(0)
 		state.finalizePending.Store(false)
+		state.pinned.Store(false)
 		state.mu.Unlock()
 		profiler.Store(nil)
 		// Comms or contexts a test left open must not make a later test's
@@ -266,6 +267,27 @@ func TestV10InitAgainWithoutFinalize(t *testing.T) {
 	n, res := netDevices()
 	require.Equal(t, nccl.Success, res)
 	assert.Equal(t, 2, n)
+}
+
+// Two NCCLs in one process, one using a v8-v10 table (no finalize) and one
+// v11+: the newer one's last finalize must leave the transport to the older
+// one, which never calls init again.
+func TestV11FinalizeLeavesTheTransportToAV10User(t *testing.T) {
+	f := &fakeTransport{name: "mixed", devs: 1}
+	initWith(t, f) // v10
+	ctx, res := netInit(12, true, -1)
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, nccl.Success, netFinalize(ctx))
+	assert.Equal(t, 0, f.finals, "a v12 finalize ended the transport under the v10 user")
+	n, res := netDevices()
+	require.Equal(t, nccl.Success, res, "the v10 user's devices call after the v12 finalize")
+	assert.Equal(t, 1, n)
+	var handle nccl.Handle
+	lc, res := netListen(0, &handle)
+	require.Equal(t, nccl.Success, res, "the v10 user's listen after the v12 finalize")
+	require.Equal(t, nccl.Success, netClose(lc, tagListen))
+	assert.Equal(t, 0, f.finals, "closing the v10 user's last comm ended the transport")
+	assert.Equal(t, 1, f.inits)
 }
 
 func TestFallbackToNextTransportOnNoDevice(t *testing.T) {
@@ -753,4 +775,33 @@ func TestPanickingCloseReleasesTheLifetimeLock(t *testing.T) {
 	}
 	state.mu.Unlock()
 	require.Equal(t, nccl.Success, netClose(lh, tagListen))
+}
+
+// NCCL counts a NULL flush request as a finished flush, so iflush on a comm
+// whose request slots are all taken must fail rather than answer NULL (as
+// isend and irecv may, which NCCL retries): the GPU would read unflushed data.
+func TestIflushWithEveryRequestSlotTakenFails(t *testing.T) {
+	sink := &captureSink{}
+	initWith(t, &fakeTransport{name: "flushfull", devs: 1})
+	setSink(sink)
+	_, recv, _, _ := connectPair(t)
+	fr := recv.recv.(*fakeRecv)
+	recv.bufs[0] = nccl.RecvBuffer{Size: 8}
+	posted := 0
+	for ; posted <= maxReqSlots; posted++ {
+		req, res := recv.irecv(1, nil)
+		require.Equal(t, nccl.Success, res)
+		if req == 0 {
+			break
+		}
+	}
+	require.Less(t, posted, maxReqSlots+1, "irecv never ran out of request slots")
+	recv.bufs[0] = nccl.RecvBuffer{Size: 4096}
+	before := fr.flushes
+	req, res := recv.iflush(1)
+	assert.Zero(t, req)
+	assert.Equal(t, nccl.InternalError, res, "iflush with %d receives in flight (every slot) answered %v", posted, res)
+	assert.Equal(t, before, fr.flushes)
+	require.NotEmpty(t, sink.warns())
+	assert.Contains(t, sink.warns()[len(sink.warns())-1], "a flush cannot wait for one")
 }
