@@ -99,6 +99,12 @@ func (c *recvComm) Iflush(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	if h == nil || h.n != len(c.devs) {
 		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : iflush buffer %d has invalid memory handle %#x", last, uintptr(bufs[last].MH))
 	}
+	// The READ names this byte with the handle's rkey: outside the
+	// registration it would fail on the loopback QP and take the whole
+	// receive comm down with an error blaming the peer.
+	if addr := uint64(uintptr(bufs[last].Data)); !h.covers(addr, 1) {
+		return nccl.NoRequest, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : iflush buffer %d at %#x lies outside its registration", last, addr)
+	}
 	id, req, ok := f.reqs.Get()
 	if !ok {
 		// Not NoRequest: a NULL flush request tells NCCL there was nothing

@@ -186,3 +186,30 @@ func TestDeadPeerHostDetectedSlowPeerNever(t *testing.T) {
 	assert.LessOrEqual(t, sendAt, timeout+slack, "sender: dead host noticed within NCCL_GO_TIMEOUT")
 	assert.LessOrEqual(t, recvAt, timeout+slack, "receiver: dead host noticed within NCCL_GO_TIMEOUT")
 }
+
+// The kept handshake connection's keepalive follows NCCL_GO_TIMEOUT on both
+// ends: first probe after half of it, and off altogether with 0 (Go's dialer
+// and listener would otherwise leave their own 15 s keepalive on).
+func TestKeepAliveFollowsTimeout(t *testing.T) {
+	for _, c := range []struct {
+		timeout  string
+		on, idle int
+	}{{"20", 1, 10}, {"0", 0, -1}} {
+		t.Run("NCCL_GO_TIMEOUT="+c.timeout, func(t *testing.T) {
+			setEnv(t, "NCCL_GO_TIMEOUT", c.timeout)
+			_, a, b := twoHosts(t, softnic.DeviceConfig{})
+			sc, rc := connectPair(t, a, 0, b, 0)
+			for side, w := range map[string]*peerWatch{"sender": &sc.watch, "receiver": &rc.watch} {
+				var on, idle int
+				require.NoError(t, w.raw.Control(func(fd uintptr) {
+					on, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+					idle, _ = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_KEEPIDLE)
+				}))
+				assert.Equal(t, c.on, on, "%s: SO_KEEPALIVE", side)
+				if c.idle >= 0 {
+					assert.Equal(t, c.idle, idle, "%s: TCP_KEEPIDLE", side)
+				}
+			}
+		})
+	}
+}

@@ -72,7 +72,11 @@ func (w *peerWatch) attach(conn net.Conn, d time.Duration) {
 		_ = conn.Close()
 		return
 	}
-	if d > 0 {
+	if d <= 0 {
+		// NCCL_GO_TIMEOUT <= 0 turns dead-host detection off; Go's dialer
+		// and listener would otherwise have left their 15 s keepalive on.
+		_ = tc.SetKeepAlive(false)
+	} else {
 		_ = tc.SetKeepAliveConfig(timeout.KeepAlive(d))
 		ms := int(min(d.Milliseconds(), 1<<31-1))
 		_ = raw.Control(func(fd uintptr) {

@@ -163,6 +163,27 @@ func TestTruncationFailsBothSides(t *testing.T) {
 	}
 }
 
+// An iflush naming a byte outside its registration is the caller's error,
+// as for isend and irecv: refused with InvalidArgument, the comm still usable
+// (posted, the READ would fail on the loopback QP and fail the comm).
+func TestIflushOutsideRegistrationIsRefused(t *testing.T) {
+	setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	big := mmapBytes(t, 1<<20)
+	mh, err := rc.RegMr(unsafe.Pointer(&big[0]), 4096, nccl.PtrHost)
+	require.NoError(t, err)
+	defer rc.DeregMr(mh)
+	r, err := rc.Iflush([]nccl.RecvBuffer{{Data: unsafe.Pointer(&big[512<<10]), Size: 1, MH: mh}})
+	assert.Equal(t, nccl.NoRequest, r)
+	require.Error(t, err)
+	assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err), "%v", err)
+	assert.Contains(t, err.Error(), "outside its registration")
+	got, sizes := transfer(t, sc, rc, []int{100}, []int{4096})
+	assert.Equal(t, []int{100}, sizes, "the comm is still usable")
+	assert.Equal(t, pattern(100, 0), got[0][:100])
+}
+
 func TestFlush(t *testing.T) {
 	t.Run("forced", func(t *testing.T) {
 		setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1")
