@@ -241,13 +241,20 @@ func livePolicyFor(timeout time.Duration) livePolicy {
 	}
 	p := livePolicy{timeout: int64(timeout), grace: int64(pingGrace)}
 	p.period = int64(min(max(timeout/10, minCheckPeriod), maxCheckPeriod))
-	p.pingAfter = int64(timeout / 2)
+	// The ping goes out as late as the verdict allows: an unanswered ping
+	// stops the keepalive probes, which come at fixed intervals, and its own
+	// retransmissions back off exponentially (0.2, 0.4, 0.8 s ...), so an
+	// early ping could still be waiting for its next retransmission long
+	// after the link came back, and the peer be declared dead though its
+	// host answers again. Half the timeout for short timeouts, where
+	// keepalive's 1 s granularity is too coarse.
+	p.pingAfter = max(p.timeout/2, p.timeout-p.period-p.grace)
 	// Dead one check period before the timeout, so that the error comes
 	// within it; never before a ping had its grace.
 	p.deadAfter = max(p.timeout-p.period, p.pingAfter+p.grace)
 	// The kernel probes an idle liveness stream every quarter timeout: a
 	// live peer's answers keep the last ACK younger than pingAfter, so for
-	// timeouts of 4 s and more no ping is ever written.
+	// timeouts of 2 s and more no ping is ever written.
 	p.keepIdle = int(min(max(timeout/4, time.Second), 32767*time.Second) / time.Second)
 	p.keepCnt = 8
 	return p

@@ -383,7 +383,8 @@ func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Co
 
 // silentPings is how many liveness pings a silent peer's kernel must answer
 // before the tests of silent and slow peers end the silence. A ping is written only once the one
-// before was answered and the peer was then silent for NCCL_GO_TIMEOUT/2, so
+// before was answered and the peer was then silent for NCCL_GO_TIMEOUT/2 (the
+// ping threshold at these tests' 0.3 s timeouts), so
 // seven of them span at least 3 × NCCL_GO_TIMEOUT, counted by the transport's
 // own checks rather than by the test's clock.
 const silentPings = 7

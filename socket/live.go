@@ -19,12 +19,16 @@ import (
 // the peer's kernel is asked regularly without any thread of ours. NCCL's
 // thread reads TCP_INFO from time to time (at most every maxCheckPeriod, only
 // while a request is pending): the age of the last ACK is how long the peer
-// host has been silent. When it passes half the timeout (possible only for
-// timeouts under about 2 s, below the keepalive's 1 s granularity, or when the
-// host is gone) the check writes one byte, which the peer's kernel must ACK
-// within a round trip plus its delayed-ACK time; the peer drains these bytes
-// in its own checks. A peer is dead when the last ACK is older than the
-// timeout and such a ping is outstanding past its grace. Nothing on this
+// host has been silent. When it comes within a check period and a grace of
+// the timeout (half the timeout for timeouts under about 0.6 s; this happens
+// only below the keepalive's 1 s granularity, or when the host is gone) the
+// check writes one byte, which the peer's kernel must ACK within a round trip
+// plus its delayed-ACK time; the peer drains these bytes in its own checks. A
+// peer is dead when the last ACK is older than the timeout (less a check
+// period) and such a ping is outstanding past its grace. The ping comes that
+// late because, unanswered, it suspends the keepalive probes and is itself
+// retransmitted with exponential backoff: an early one could leave a link
+// that came back unasked until after the deadline. Nothing on this
 // stream ever waits for the peer's application, and data streams carry no
 // TCP_USER_TIMEOUT, which Linux would also apply to a closed window.
 //

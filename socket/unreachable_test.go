@@ -134,6 +134,62 @@ func TestUnreachablePeerDetected(t *testing.T) {
 	}
 }
 
+// TestLinkBackLateInTheTimeout: the link comes back when the sender's
+// liveness stream has heard nothing for 7.5 s of an 8 s timeout, and the
+// receiver, slow but alive, has posted nothing, so no check of its own can
+// help. The host answers again before the timeout, so nothing may fail. A
+// ping written at half the timeout would still be unanswered then, its
+// retransmissions backed off past the deadline (at about 4.2, 4.6, 5.4, 7.1
+// and 10.3 s), and the peer would be declared dead 0.4 s after it came back.
+func TestLinkBackLateInTheTimeout(t *testing.T) {
+	enterPrivateNetns(t)
+	withEnv(t, map[string]string{envTimeout: "8", envNThreads: "0"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	s, r := pair(t, tr)
+	const size = 64 << 20
+	src := make([]byte, size)
+	pattern(src, 5)
+	dst := make([]byte, size)
+	sq, err := s.Isend(bufPtr(src), size, 1, 0)
+	require.NoError(t, err)
+	age := func() time.Duration {
+		var ti unix.TCPInfo
+		require.NoError(t, tcpInfo(s.live.fd, &ti))
+		return time.Duration(ti.Last_ack_recv) * time.Millisecond
+	}
+	a0 := age()
+	setLoopback(t, false)
+	cut := time.Now()
+	upAt := cut.Add(7500*time.Millisecond - a0)
+	back := false
+	for end := upAt.Add(3 * time.Second); time.Now().Before(end); {
+		if !back && time.Now().After(upAt) {
+			setLoopback(t, true)
+			back = true
+			t.Logf("link back after %v, the liveness stream silent for %v", time.Since(cut).Round(time.Millisecond), age())
+		}
+		_, _, err = s.Test(sq)
+		require.NoError(t, err, "the peer's host answered again %v after the link came back, before NCCL_GO_TIMEOUT=8s",
+			time.Since(upAt).Round(time.Millisecond))
+		pace()
+	}
+	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+	require.NoError(t, err)
+	for sd, rd := false, false; !sd || !rd; pace() {
+		if !sd {
+			sd, _, err = s.Test(sq)
+			require.NoError(t, err)
+		}
+		if !rd {
+			rd, err = r.Test(rq, nil)
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, src, dst)
+	assert.NotContains(t, log.String(), "WARN")
+}
+
 // TestLinkFlapRecovers: the link goes down for less than NCCL_GO_TIMEOUT
 // and comes back: nothing fails and every byte arrives.
 func TestLinkFlapRecovers(t *testing.T) {
@@ -178,5 +234,26 @@ func TestLinkFlapRecovers(t *testing.T) {
 			require.Equal(t, src, dst)
 			assert.NotContains(t, log.String(), "WARN")
 		})
+	}
+}
+
+// The liveness ping goes out one grace before the verdict (half the timeout
+// at the shortest timeouts), the verdict comes within the timeout (from 1 s), and from
+// 2 s on a live host's keepalive answers keep the ping from ever being sent.
+func TestLivePolicyPingsLate(t *testing.T) {
+	for _, d := range []time.Duration{300 * time.Millisecond, time.Second, 2 * time.Second, 8 * time.Second, 300 * time.Second} {
+		p := livePolicyFor(d)
+		T := int64(d)
+		if d >= time.Second { // below, a ping's 250 ms grace outlasts half the timeout
+			assert.LessOrEqual(t, p.deadAfter, T, "%v: verdict after the timeout", d)
+		}
+		assert.GreaterOrEqual(t, p.deadAfter-p.pingAfter, p.grace, "%v: a ping gets its grace before the verdict", d)
+		assert.GreaterOrEqual(t, p.pingAfter, T/2, "%v", d)
+		if d >= time.Second {
+			assert.Equal(t, p.grace, p.deadAfter-p.pingAfter, "%v: the ping is not as late as the verdict allows", d)
+		}
+		if d >= 2*time.Second {
+			assert.Less(t, int64(p.keepIdle)*int64(time.Second), p.pingAfter, "%v: keepalive answers come later than the ping", d)
+		}
 	}
 }
