@@ -146,3 +146,66 @@ func TestShareAfterSetting(t *testing.T) {
 		t.Errorf("no WARN naming %s for -1: %q", want, log.String())
 	}
 }
+
+// A helper has handed a striped send's last bytes to the kernel but is
+// descheduled before it counts them; the receiver reads everything,
+// completes and closes its comm. The sender's Test must not fail a send that
+// was delivered: it waits for the helper, then reports done. The test plays
+// the descheduled helper by holding the stream itself.
+func TestPeerClosedWhileHelperHoldsADeliveredSend(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "1", envHelpers: "1", envInline: "0", envIdleInline: "0", envTimeout: "1"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	s, r := pair(t, tr)
+	st := s.streams[0]
+	for !st.busy.CompareAndSwap(0, 1) { // the helper's hold: nobody else moves it
+	}
+	const size = 64 << 10
+	src := make([]byte, size)
+	pattern(src, 1)
+	dst := make([]byte, size)
+	sq, err := s.Isend(bufPtr(src), size, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := st.ring[st.head.Load()%ringSize]
+	for st.off < tk.n { // the helper's move: every byte to the kernel
+		n, err := sendFrom(st.fd, unsafe.Add(tk.p, st.off), tk.n-st.off)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.off += n
+	}
+	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for done := false; !done; {
+		if done, err = r.Test(rq, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if string(src) != string(dst) {
+		t.Fatal("received data differs")
+	}
+	_ = r.Close()
+	// Long enough for several liveness checks to see the close.
+	for end := time.Now().Add(500 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if done, _, err := s.Test(sq); err != nil || done {
+			t.Fatalf("Test while the helper holds the delivered send: done %v, err %v", done, err)
+		}
+	}
+	h := st.head.Load() // the helper resumes: counts the chunk, lets go
+	st.ring[h%ringSize] = task{}
+	st.off = 0
+	st.head.Store(h + 1)
+	tk.left.Add(-1)
+	st.busy.Store(0)
+	done, n, err := s.Test(sq)
+	if err != nil || !done || n != size {
+		t.Fatalf("after the helper let go: done %v, %d bytes, err %v; want done, %d bytes", done, n, err, size)
+	}
+	if s.live.checks == 0 || !s.live.closed {
+		t.Fatalf("no liveness check saw the peer's close (%d checks): the test proves nothing", s.live.checks)
+	}
+}

@@ -152,6 +152,16 @@ func (c *core) checkLive() liveState {
 	return liveDead
 }
 
+// streamHeld reports whether a helper is inside a data stream's move now.
+func (c *core) streamHeld() bool {
+	for _, s := range c.streams {
+		if s.busy.Load() != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // close stops the helpers and closes every socket. It never waits for the
 // peer: helpers only ever wait in poll with the wake-up eventfd in the set,
 // and return before close does, so no buffer NCCL frees next is touched
