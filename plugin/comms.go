@@ -58,14 +58,21 @@ func openDataComm(t nccl.Transport, tag uint8, dev int, c nccl.Comm) (uintptr, e
 	h, err := e.register()
 	if err != nil {
 		_ = c.Close()
+		setupFailed(t, dev, e.dir(), err)
 		return 0, err
 	}
-	e.m.ConnOpened(e.dir())
+	if e.counting {
+		e.m.ConnOpened(e.dir())
+	}
 	return h, nil
 }
 
-// setupFailed counts a failed connect or accept against dev.
+// setupFailed counts a failed connect or accept against dev (unless
+// NCCL_GO_METRICS=0, which leaves every counter at 0).
 func setupFailed(t nccl.Transport, dev int, dir metrics.Dir, err error) {
+	if !state.countMetrics {
+		return
+	}
 	m, _ := deviceInfo(t, dev)
 	m.CallFailed(dir, metrics.KindOf(nccl.ResultOf(err)))
 }
@@ -253,7 +260,9 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 	if e.tag != tagListen {
 		closer = e.comm
 		e.abandonRequests()
-		e.m.ConnClosed(e.dir())
+		if e.counting {
+			e.m.ConnClosed(e.dir())
+		}
 	}
 	start := now()
 	err = closer.Close()

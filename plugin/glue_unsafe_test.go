@@ -805,3 +805,43 @@ func TestIflushWithEveryRequestSlotTakenFails(t *testing.T) {
 	require.NotEmpty(t, sink.warns())
 	assert.Contains(t, sink.warns()[len(sink.warns())-1], "a flush cannot wait for one")
 }
+
+// A connect the glue itself fails (the transport made the comm, the comm
+// table is full) is a failed connect in ncclnet_errors_total like any other.
+func TestConnectFailedByTheGlueIsCounted(t *testing.T) {
+	initWith(t, &fakeTransport{name: "fulltable", devs: 1, props: nccl.Properties{Name: "fulltable"}})
+	m, _ := deviceInfo(state.transport, 0)
+	before := m.Snapshot()
+	for {
+		if _, ok := comms.Add(&commEntry{tag: tagListen}); !ok {
+			break
+		}
+	}
+	var handle nccl.Handle
+	handle[0] = 1
+	sh, res := netConnect(0, -1, &handle)
+	assert.Zero(t, sh)
+	assert.Equal(t, nccl.InternalError, res)
+	after := m.Snapshot()
+	assert.Equal(t, before.ConnsOpen[metrics.Send], after.ConnsOpen[metrics.Send])
+	assert.EqualValues(t, 1, after.Errors[metrics.Send][metrics.ErrInternal]-before.Errors[metrics.Send][metrics.ErrInternal],
+		"a connect that failed (too many open comms) is not in ncclnet_errors_total")
+}
+
+// NCCL_GO_METRICS=0 leaves every counter at 0, the connection counters too.
+func TestMetricsOffCountsNoConnections(t *testing.T) {
+	f := &fakeTransport{name: "metricsoff", devs: 1, props: nccl.Properties{Name: "metricsoff"}}
+	name := register(t, f, 9100)
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_METRICS": "0"})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	send, _, sh, rh := connectPair(t)
+	require.False(t, send.counting)
+	require.Equal(t, nccl.Success, netClose(sh, tagSend))
+	require.Equal(t, nccl.Success, netClose(rh, tagRecv))
+	s := send.m.Snapshot()
+	assert.Zero(t, s.ConnsOpened[metrics.Send], "connections_opened_total counts")
+	assert.Zero(t, s.ConnsOpened[metrics.Recv], "connections_opened_total counts")
+	assert.Zero(t, s.ConnsClosed[metrics.Send], "connections_closed_total counts")
+	assert.Zero(t, s.ConnsClosed[metrics.Recv], "connections_closed_total counts")
+}
