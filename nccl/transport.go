@@ -1,8 +1,11 @@
 package nccl
 
 // Transport is a network fabric: device discovery and connection set-up. The glue
-// calls Init once per process (however many communicators or API versions NCCL
-// uses) and Finalize when the last user is gone.
+// makes one and calls Init once (however many communicators or API versions NCCL
+// uses), and Finalize when the last user is gone. NCCL 2.28+ may start again
+// after that in the same process: the glue then makes a new Transport and calls
+// its Init, so no process-wide state may be torn down by Finalize in a way a
+// second Init cannot rebuild.
 //
 // Threads: NCCL calls Devices, Properties and Listen/Connect from several
 // threads at once (one service thread per communicator), so these must be safe

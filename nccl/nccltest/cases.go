@@ -27,6 +27,7 @@ var cases = []struct {
 	{"FIFO", testFIFO},
 	{"SendBeforeRecv", testSendBeforeRecv},
 	{"InFlight", testInFlight},
+	{"LongLivedComm", testLongLived},
 	{"Bidirectional", testBidirectional},
 	{"ManyComms", testManyComms},
 	{"TestNilSizes", testNilSizes},
@@ -195,47 +196,91 @@ func testTruncation(h *H) {
 		if c.size > h.suite.opts.MaxSize {
 			continue
 		}
-		truncate(h, c.capacity, c.size)
+		truncate(h, []int{c.capacity}, []int{c.size})
+	}
+	// In a grouped receive too: one message too large for its buffer fails
+	// the whole receive, and neither buffer is written past its end.
+	if h.maxRecvs() >= 2 {
+		truncate(h, []int{64, 4096}, []int{100, 10})
+		truncate(h, []int{4096, 8, 300}[:min(3, h.maxRecvs())], []int{10, 9, 200}[:min(3, h.maxRecvs())])
 	}
 }
 
-func truncate(h *H, capacity, size int) {
-	name := fmt.Sprintf("send %d bytes into a %d-byte receive", size, capacity)
+// truncate posts one receive of len(caps) buffers (tags 7, 8, ...) and one
+// send per buffer of sizes[i] bytes with its tag; some send is larger than its
+// buffer.
+func truncate(h *H, caps, sizes []int) {
+	name := fmt.Sprintf("send %v bytes into receive buffers of %v bytes", sizes, caps)
+	if len(caps) == 1 {
+		name = fmt.Sprintf("send %d bytes into a %d-byte receive", sizes[0], caps[0])
+	}
 	p := h.connect()
-	recvBuf := h.buffer(p.Recv, capacity+guard)
-	mem := recvBuf.b
-	fillSentinel(mem)
-	sendBuf := h.buffer(p.Send, size)
-	fillPattern(sendBuf.b, h.nextSeed())
+	n := len(caps)
+	mems := make([][]byte, n)
+	bufs := make([]nccl.RecvBuffer, n)
+	sendBufs := make([]*buffer, n)
+	for i := range caps {
+		rb := h.buffer(p.Recv, caps[i]+guard)
+		mems[i] = rb.b
+		fillSentinel(rb.b)
+		bufs[i] = nccl.RecvBuffer{Data: rb.ptr(), Size: caps[i], Tag: 7 + i, MH: rb.mh}
+		sendBufs[i] = h.buffer(p.Send, sizes[i])
+		fillPattern(sendBufs[i].b, h.nextSeed())
+	}
+	checkGuards := func(when string) {
+		for i := range caps {
+			if err := checkSentinel(mems[i], caps[i]); err != nil {
+				h.Errorf("%s: memory past the receive buffer was written%s (buffer %d): %v", name, when, i, err)
+			}
+		}
+	}
 
-	var rreq, sreq nccl.Request = nccl.NoRequest, nccl.NoRequest
+	var rreq nccl.Request = nccl.NoRequest
+	sreqs := make([]nccl.Request, n)
+	for i := range sreqs {
+		sreqs[i] = nccl.NoRequest
+	}
 	var err error
 	var rerr error
-	sizes := make([]int, 1)
-	sendDone, sendErr := false, error(nil)
+	got := make([]int, n)
+	sendDone, sendErr := make([]bool, n), make([]error, n)
+	sendsOver := func() bool {
+		for i := range sreqs {
+			if sreqs[i] == nccl.NoRequest || (!sendDone[i] && sendErr[i] == nil) {
+				return false
+			}
+		}
+		return true
+	}
+	testSends := func() {
+		for i, r := range sreqs {
+			if r != nccl.NoRequest && !sendDone[i] && sendErr[i] == nil {
+				h.call("SendComm.Test", func() { sendDone[i], _, sendErr[i] = p.Send.Test(r) })
+			}
+		}
+	}
 	for {
 		if rreq == nccl.NoRequest {
-			bufs := []nccl.RecvBuffer{{Data: recvBuf.ptr(), Size: capacity, Tag: 7, MH: recvBuf.mh}}
 			h.call("Irecv", func() { rreq, err = p.Recv.Irecv(bufs) })
 			h.NoError(err, "%s: Irecv", name)
 		}
-		if sreq == nccl.NoRequest {
-			h.call("Isend", func() { sreq, err = p.Send.Isend(sendBuf.ptr(), size, 7, sendBuf.mh) })
-			h.NoError(err, "%s: Isend", name)
+		for i := range sreqs {
+			if sreqs[i] == nccl.NoRequest {
+				h.call("Isend", func() { sreqs[i], err = p.Send.Isend(sendBufs[i].ptr(), sizes[i], 7+i, sendBufs[i].mh) })
+				h.NoError(err, "%s: Isend %d", name, i)
+			}
 		}
 		if rreq != nccl.NoRequest {
 			var done bool
-			h.call("RecvComm.Test", func() { done, rerr = p.Recv.Test(rreq, sizes) })
+			h.call("RecvComm.Test", func() { done, rerr = p.Recv.Test(rreq, got) })
 			if rerr != nil {
 				break
 			}
 			if done {
-				h.fatalf("%s: the receive completed (reported %d bytes) instead of failing with InvalidUsage", name, sizes[0])
+				h.fatalf("%s: the receive completed (reported %v bytes) instead of failing with InvalidUsage", name, got)
 			}
 		}
-		if sreq != nccl.NoRequest && !sendDone && sendErr == nil {
-			h.call("SendComm.Test", func() { sendDone, _, sendErr = p.Send.Test(sreq) })
-		}
+		testSends()
 		if h.expired() {
 			h.fatalf("%s: the receive neither failed nor completed before the deadline", name)
 		}
@@ -244,24 +289,25 @@ func truncate(h *H, capacity, size int) {
 	if got := nccl.ResultOf(rerr); got != nccl.InvalidUsage {
 		h.Errorf("%s: receive failed with %v (%v), want %v", name, rerr, got, nccl.InvalidUsage)
 	}
-	if err := checkSentinel(mem, capacity); err != nil {
-		h.Errorf("%s: memory past the receive buffer was written: %v", name, err)
-	}
+	checkGuards("")
 	// NCCL aborts the communicator after such an error: the receiving end is
 	// closed, and the sending end must then finish (done or an error) so that
 	// its proxy does not spin forever.
 	h.closeComm("RecvComm.Close", p.Recv)
 	p.recvClosed = true
-	for !sendDone && sendErr == nil {
-		h.call("SendComm.Test", func() { sendDone, _, sendErr = p.Send.Test(sreq) })
+	for !sendsOver() {
+		testSends()
+		for i := range sreqs {
+			if sreqs[i] == nccl.NoRequest { // NCCL stops posting once the comm failed
+				sendDone[i] = true
+			}
+		}
 		if h.expired() {
-			h.fatalf("%s: after the receiver failed and closed, the send neither completed nor failed", name)
+			h.fatalf("%s: after the receiver failed and closed, a send neither completed nor failed", name)
 		}
 		runtime.Gosched()
 	}
-	if err := checkSentinel(mem, capacity); err != nil {
-		h.Errorf("%s: memory past the receive buffer was written after the failure: %v", name, err)
-	}
+	checkGuards(" after the failure")
 	h.closePair(p)
 }
 
@@ -408,6 +454,32 @@ func mixedGroups(count, seedSize int) []group {
 	return gs
 }
 
+// testLongLived moves more messages over one comm than any transport has
+// request slots (NCCL runs a comm for the whole job): singles first, then
+// grouped receives, so a request that is never recycled after Test reported
+// it done shows as a transfer that stops.
+func testLongLived(h *H) {
+	p := h.connect()
+	const singles = 2048
+	gs := make([]group, 0, singles+600)
+	for i := 0; i < singles; i++ {
+		sz := (i * 37) % 3000
+		gs = append(gs, single(sz, sz+i%5))
+	}
+	if n := h.maxRecvs(); n >= 2 {
+		for i := 0; i < 600; i++ {
+			var g group
+			for j := 0; j < n; j++ {
+				sz := (i*13 + j*7) % 500
+				g.bufs = append(g.bufs, recvSpec{cap: sz + 1, tag: 3})
+				g.sends = append(g.sends, sendSpec{size: sz, tag: 3, slot: j})
+			}
+			gs = append(gs, g)
+		}
+	}
+	h.pump(h.newFlow("one long-lived comm", p, gs))
+}
+
 func testBidirectional(h *H) {
 	ab := h.connect()
 	ba := h.connect()
@@ -548,6 +620,19 @@ func testCloseOutstanding(h *H) {
 	}
 	p := h.connect()
 	h.pump(h.newFlow("after closing with requests outstanding", p, mixedGroups(8, 0)))
+	// NCCL frees a closed comm's receive buffers as soon as Close returns:
+	// those nothing was sent to must still hold what they held then, after
+	// the transport has been driven on another comm.
+	for i, ro := range fr.recvs[:fr.nextR] {
+		for b, m := range ro.mem {
+			if m == nil {
+				continue
+			}
+			if err := checkSentinel(m.b, 0); err != nil {
+				h.Errorf("receive %d buffer %d of a closed comm (nothing was sent to it) was written after its comm was closed: %v", i, b, err)
+			}
+		}
+	}
 }
 
 // testSenderClosesFirst closes the sending end as soon as every send reports

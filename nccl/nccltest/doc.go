@@ -21,12 +21,19 @@
 // 0-byte messages and sizes up to Options.MaxSize with patterned data compared
 // byte by byte; a receive larger than the send reporting the real size; a send
 // larger than the posted receive failing with nccl.InvalidUsage with nothing
-// written past the receive buffer (guard bytes); grouped receives of up to
-// MaxRecvs buffers where the sender's tag picks the buffer (distinct tags and the
-// equal tags NCCL really passes); FIFO matching; 32 receives and 32×MaxRecvs
-// sends in flight; both directions and several comms at once; Test with nil
-// sizes; RegMr/DeregMr (including DeregMr(0)) racing the data path; concurrent
-// connection set-up; and Close with requests outstanding returning promptly.
+// written past the receive buffer (guard bytes), in single and grouped
+// receives; grouped receives of up to MaxRecvs buffers where the sender's tag
+// picks the buffer (distinct tags and the equal tags NCCL really passes), also
+// with each send tested before the next is posted; FIFO matching; 32 receives
+// and 32×MaxRecvs sends in flight; thousands of messages and hundreds of
+// grouped receives over one comm (requests recycled); both directions and
+// several comms at once; Test with nil sizes; RegMr/DeregMr (including
+// DeregMr(0)) racing the data path; concurrent connection set-up; Close with
+// requests outstanding returning promptly and leaving the closed comm's
+// buffers alone; a second transport made and initialised after the first was
+// finalized (as the glue does for NCCL's next communicator); and no goroutine
+// left once Finalize returned. A completed send's buffer is overwritten at
+// once, as NCCL reuses it.
 //
 // Buffers are memory outside the Go heap (mmap), handed over as the address of
 // their first byte, the way NCCL hands over C or GPU memory: a transport may

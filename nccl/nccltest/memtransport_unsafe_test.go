@@ -27,6 +27,15 @@ type memTransport struct {
 	refuseDereg0  bool
 	wrongSizeSent bool
 
+	// More broken variants, one rule of the contract each (faults in suite_test.go).
+	leakSendSlots    bool // a completed send's slot is never recycled
+	leakGroupedRecv  bool // a completed grouped (n>1) receive's slot is never recycled
+	groupedTrunc     bool // a send larger than its buffer in a grouped receive overruns it and succeeds
+	lateWriteOnClose bool // Close returns; the transport's progress engine still writes the closed comm's receive buffers later
+	leakGoroutine    bool // each comm starts a goroutine that Close never stops
+	onceGlobal       bool // process-wide state set up once (sync.Once) and torn down by Finalize
+	pendingLate      []func()
+
 	// checkRegs makes it an RDMA-like transport: data must lie in a live
 	// registration of the same comm (Options.Register).
 	checkRegs bool
@@ -34,7 +43,23 @@ type memTransport struct {
 }
 
 func (t *memTransport) Name() string { return "mem" }
+
+var (
+	globalOnce      sync.Once
+	globalListeners map[uint64]*memListener
+)
+
 func (t *memTransport) Init(nccl.InitContext) error {
+	if t.onceGlobal {
+		// Process-wide fabric state set up once, as if Init ran once per
+		// process; Finalize tears it down and a second Init cannot rebuild it.
+		globalOnce.Do(func() { globalListeners = map[uint64]*memListener{} })
+		if globalListeners == nil {
+			return fmt.Errorf("fabric already shut down")
+		}
+		t.listeners = globalListeners
+		return nil
+	}
 	t.listeners = map[uint64]*memListener{}
 	return nil
 }
@@ -45,7 +70,12 @@ func (t *memTransport) Properties(dev int) (nccl.Properties, error) {
 	}
 	return nccl.Properties{Name: "mem0", PtrSupport: nccl.PtrHost, Speed: 1000, MaxComms: 1024, MaxRecvs: 8}, nil
 }
-func (t *memTransport) Finalize() error { return nil }
+func (t *memTransport) Finalize() error {
+	if t.onceGlobal {
+		globalListeners = nil
+	}
+	return nil
+}
 
 type memListener struct {
 	t       *memTransport
@@ -75,6 +105,9 @@ func (t *memTransport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (
 	}
 	c := &memConn{t: t}
 	c.cond = sync.NewCond(&c.mu)
+	if t.leakGoroutine {
+		go func() { select {} }() // never stopped by Close
+	}
 	l.pending <- c
 	if t.blockConnect {
 		c.mu.Lock()
@@ -138,6 +171,7 @@ type memConn struct {
 
 // progress matches queued sends with the oldest posted receive; c.mu held.
 func (c *memConn) progress() {
+	c.t.runLate()
 	for len(c.sendQ) > 0 && len(c.recvQ) > 0 {
 		s := &c.sends[c.sendQ[0]]
 		r := &c.recvs[c.recvQ[0]]
@@ -153,7 +187,9 @@ func (c *memConn) progress() {
 		}
 		b := r.bufs[slot]
 		n := s.size
-		if n > b.Size {
+		if n > b.Size && c.t.groupedTrunc && r.n > 1 {
+			// write the whole message, report success
+		} else if n > b.Size {
 			if !c.t.ignoreTrunc {
 				r.err = nccl.Errorf(nccl.InvalidUsage, "message truncated: %d > %d", s.size, b.Size)
 			}
@@ -203,7 +239,9 @@ func (s *memSend) Test(r nccl.Request) (bool, int, error) {
 	if !q.done {
 		return false, 0, nil
 	}
-	q.inUse = false
+	if !c.t.leakSendSlots {
+		q.inUse = false
+	}
 	n := q.size
 	if c.t.wrongSizeSent {
 		n++
@@ -247,7 +285,9 @@ func (r *memRecv) Test(req nccl.Request, sizes []int) (bool, error) {
 	if q.got < q.n {
 		return false, nil
 	}
-	q.inUse = false
+	if !(c.t.leakGroupedRecv && q.n > 1) {
+		q.inUse = false
+	}
 	copy(sizes, q.sizes[:q.n])
 	return true, nil
 }
@@ -297,9 +337,46 @@ func (c *memConn) registered(p unsafe.Pointer, n int, mh nccl.MemHandle) error {
 	return nil
 }
 
+func (t *memTransport) runLate() {
+	if !t.lateWriteOnClose {
+		return
+	}
+	t.mu.Lock()
+	fs := t.pendingLate
+	t.pendingLate = nil
+	t.mu.Unlock()
+	for _, f := range fs {
+		f()
+	}
+}
+
 func (c *memConn) close() error {
 	if c.t.hangClose {
 		select {}
+	}
+	if c.t.lateWriteOnClose {
+		// Receives still posted: their "DMA" lands after Close returned,
+		// when the engine is next polled (on any comm).
+		c.mu.Lock()
+		var late []func()
+		for _, ri := range c.recvQ {
+			r := &c.recvs[ri]
+			for i := 0; i < r.n; i++ {
+				if !r.filled[i] && r.bufs[i].Size > 0 {
+					b := r.bufs[i]
+					late = append(late, func() {
+						p := nccl.HostBytes(b.Data, b.Size)
+						for j := range p {
+							p[j] = 0x5A
+						}
+					})
+				}
+			}
+		}
+		c.mu.Unlock()
+		c.t.mu.Lock()
+		c.t.pendingLate = append(c.t.pendingLate, late...)
+		c.t.mu.Unlock()
 	}
 	c.closed.Store(1)
 	return nil

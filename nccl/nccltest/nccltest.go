@@ -75,6 +75,7 @@ func Run(t *testing.T, newTransport func() nccl.Transport, opts Options) {
 		t.Cleanup(tl.stop)
 		log = tl
 	}
+	goroutines := runtime.NumGoroutine()
 	tr := newTransport()
 	if tr == nil {
 		t.Fatal("newTransport returned nil")
@@ -95,6 +96,43 @@ func Run(t *testing.T, newTransport func() nccl.Transport, opts Options) {
 	}
 	s.run(t, "Finalize", func(h *H) {
 		h.call("Finalize", func() { h.NoError(tr.Finalize()) })
+	})
+	// The glue makes a new transport and initialises it again when NCCL
+	// (2.28+) starts a communicator after the last one finalized.
+	again := &suite{opts: opts}
+	if s.skipped("InitAgainAfterFinalize") {
+		t.Run("InitAgainAfterFinalize", func(t *testing.T) { t.Skip("skipped by Options.Skip") })
+	} else {
+		again.run(t, "InitAgainAfterFinalize", func(h *H) {
+			again.tr = newTransport()
+			var err error
+			h.call("Init", func() { err = again.tr.Init(nccl.InitContext{Log: log}) })
+			h.NoError(err, "Init of a new transport after the first one was finalized (as the glue does for NCCL's next communicator)")
+			if err != nil {
+				return
+			}
+			p := h.connect()
+			h.pump(h.newFlow("after a second Init", p, mixedGroups(4, 1)))
+			h.closePair(p)
+			h.call("Finalize", func() { h.NoError(again.tr.Finalize()) })
+		})
+	}
+	t.Run("GoroutinesAfterFinalize", func(t *testing.T) {
+		if t.Skipped() {
+			return
+		}
+		// Goroutines end asynchronously; give them a moment. This subtest's
+		// own goroutine is not the transport's.
+		n := 0
+		for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if n = runtime.NumGoroutine() - 1; n <= goroutines || time.Now().After(end) {
+				break
+			}
+		}
+		if n > goroutines {
+			t.Errorf("%d goroutines before the transport was made, %d five seconds after its Finalize: Close and Finalize must stop what the transport started\n%s",
+				goroutines, n, stack(true))
+		}
 	})
 }
 
@@ -117,7 +155,9 @@ func (s *suite) skipped(name string) bool {
 // a body abandoned after a hang can never touch a finished *testing.T.
 func (s *suite) run(t *testing.T, name string, body func(h *H)) {
 	t.Run(name, func(t *testing.T) {
-		h := &H{suite: s, deadline: time.Now().Add(s.opts.Timeout)}
+		// The body's own waits give up a little before the hang timer, so a
+		// transfer that stopped is reported with its state, not as a hang.
+		h := &H{suite: s, deadline: time.Now().Add(s.opts.Timeout * 9 / 10)}
 		h.op.Store(new(string))
 		// Registered first, so it runs last: after every comm closed.
 		h.defer_(h.freeAll)

@@ -32,14 +32,27 @@ var faults = map[string]struct {
 	mk      func() *memTransport
 	subtest string
 	want    string
+	run     string // the subtests to run (default: subtest alone)
 }{
-	"blockConnect": {func() *memTransport { return &memTransport{blockConnect: true} }, "ConnectAlternating", "inside transport call Connect"},
-	"overrun":      {func() *memTransport { return &memTransport{overrun: true} }, "Truncation", "past the receive buffer"},
-	"ignoreTrunc":  {func() *memTransport { return &memTransport{ignoreTrunc: true} }, "Truncation", "instead of failing with InvalidUsage"},
-	"fifoBroken":   {func() *memTransport { return &memTransport{fifoBroken: true} }, "GroupedDistinctTags", "grouped, distinct tags"},
-	"hangClose":    {func() *memTransport { return &memTransport{hangClose: true} }, "CloseOutstanding", "did not return within"},
-	"refuseDereg0": {func() *memTransport { return &memTransport{refuseDereg0: true} }, "RegMr", "DeregMr(0)"},
-	"wrongSize":    {func() *memTransport { return &memTransport{wrongSizeSent: true} }, "Sizes", "bytes sent"},
+	"blockConnect": {func() *memTransport { return &memTransport{blockConnect: true} }, "ConnectAlternating", "inside transport call Connect", ""},
+	"overrun":      {func() *memTransport { return &memTransport{overrun: true} }, "Truncation", "past the receive buffer", ""},
+	"ignoreTrunc":  {func() *memTransport { return &memTransport{ignoreTrunc: true} }, "Truncation", "instead of failing with InvalidUsage", ""},
+	"fifoBroken":   {func() *memTransport { return &memTransport{fifoBroken: true} }, "GroupedDistinctTags", "grouped, distinct tags", ""},
+	"hangClose":    {func() *memTransport { return &memTransport{hangClose: true} }, "CloseOutstanding", "did not return within", ""},
+	"refuseDereg0": {func() *memTransport { return &memTransport{refuseDereg0: true} }, "RegMr", "DeregMr(0)", ""},
+	"wrongSize":    {func() *memTransport { return &memTransport{wrongSizeSent: true} }, "Sizes", "bytes sent", ""},
+	"leakSendSlots": {func() *memTransport { return &memTransport{leakSendSlots: true} }, "LongLivedComm",
+		"did not complete before the deadline", ""},
+	"leakGroupedRecv": {func() *memTransport { return &memTransport{leakGroupedRecv: true} }, "LongLivedComm",
+		"did not complete before the deadline", ""},
+	"groupedTrunc": {func() *memTransport { return &memTransport{groupedTrunc: true} }, "Truncation",
+		"into receive buffers of [64 4096] bytes: the receive completed", ""},
+	"lateWriteOnClose": {func() *memTransport { return &memTransport{lateWriteOnClose: true} }, "CloseOutstanding",
+		"was written after its comm was closed", ""},
+	"leakGoroutine": {func() *memTransport { return &memTransport{leakGoroutine: true} }, "GoroutinesAfterFinalize",
+		"Close and Finalize must stop what the transport started", "ConnectAlternating|Finalize|GoroutinesAfterFinalize"},
+	"onceGlobal": {func() *memTransport { return &memTransport{onceGlobal: true} }, "InitAgainAfterFinalize",
+		"fabric already shut down", "Finalize|InitAgainAfterFinalize"},
 }
 
 // TestFaultyTransport runs the suite on one broken transport when re-executed
@@ -66,7 +79,11 @@ func TestSuiteCatchesFaults(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			// Parallel: the hang cases wait out their whole deadline.
 			t.Parallel()
-			cmd := exec.Command(exe, "-test.run=^TestFaultyTransport$/^"+f.subtest+"$", "-test.v", "-test.count=1")
+			run := f.run
+			if run == "" {
+				run = f.subtest
+			}
+			cmd := exec.Command(exe, "-test.run=^TestFaultyTransport$/^("+run+")$", "-test.v", "-test.count=1")
 			cmd.Env = append(os.Environ(), "NCCLTEST_FAULT="+name)
 			out, err := cmd.CombinedOutput()
 			require.Error(t, err, "the suite passed a transport with fault %s:\n%s", name, out)

@@ -11,8 +11,9 @@ import (
 // its own, so say which plugin speaks).
 const logPrefix = "NET/MyFabric"
 
-// Transport is your fabric. The glue calls Init once per process, then
-// Devices/Properties, then Listen/Connect from several NCCL threads at once.
+// Transport is your fabric. The glue calls Init once on it, then
+// Devices/Properties, then Listen/Connect from several NCCL threads at once,
+// and Finalize when NCCL is done; a later start makes a new Transport.
 type Transport struct {
 	mu  sync.Mutex
 	log nccl.Logger
