@@ -19,7 +19,7 @@ var (
 	settingBind = env.String(envBind, defaultBind,
 		"listen address of the /metrics endpoint")
 	settingTextfileDir = env.String(envTextfileDir, "",
-		"write ncclnet_go_rank<R>_pid<P>.prom here for node_exporter's textfile collector").ShowDefault("unset (no file)")
+		"write ncclnet_go_rank<R>_pid<P>-<hex>.prom here for node_exporter's textfile collector").ShowDefault("unset (no file)")
 	settingInterval = env.Duration(envInterval, defaultInterval, time.Second,
 		"how often the textfile is rewritten").Clamp(minInterval, 24*time.Hour)
 	// The local rank: ours, then the launchers' (localRankVars).

@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -45,13 +46,15 @@ const (
 type exporter struct {
 	log       nccl.Logger
 	reg       *prometheus.Registry
+	info      Info
 	localRank int
 
 	server   *http.Server
 	addr     string // actual listen address, for logs and tests
 	serveErr chan error
 
-	textfile string // full path of our .prom file; "" when off
+	textfile string               // full path of our .prom file; "" when off
+	treg     *prometheus.Registry // what it holds: reg's series, labelled with ProcessID
 	interval time.Duration
 	stop     chan struct{}
 	done     chan struct{}
@@ -161,7 +164,7 @@ func startExporter(log nccl.Logger, info Info) *exporter {
 		rankLog = nccl.DiscardLogger{} // a launcher's odd LOCAL_RANK is no concern then
 	}
 	rank := LocalRank(rankLog)
-	e := &exporter{log: log, reg: newRegistry(info, rank), localRank: rank}
+	e := &exporter{log: log, reg: newRegistry(info, rank), info: info, localRank: rank}
 	if port >= 0 {
 		e.listen(int64(port), settingBind.Get())
 	}
@@ -207,11 +210,31 @@ func (e *exporter) listen(base int64, bind string) {
 	e.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : metrics: serving http://%s/metrics (local rank %d)", e.addr, e.localRank)
 }
 
-// TextfileName is the file a process writes in NCCL_GO_METRICS_TEXTFILE_DIR.
-// The pid keeps processes of different jobs on one node apart; the rank says
-// which GPU's process wrote it. No hostname: the directory is per node.
-func TextfileName(localRank, pid int) string {
-	return fmt.Sprintf("ncclnet_go_rank%d_pid%d.prom", localRank, pid)
+// TextfileName is the file a process writes in NCCL_GO_METRICS_TEXTFILE_DIR:
+// the rank says which GPU's process wrote it, the process ID (ProcessID) keeps
+// apart processes that share a rank, which pids alone do not across
+// containers sharing the directory. No hostname: the directory is per node.
+func TextfileName(localRank int, processID string) string {
+	return fmt.Sprintf("ncclnet_go_rank%d_pid%s.prom", localRank, processID)
+}
+
+// ProcessID names this process in textfile mode: its pid and 32 random bits,
+// fixed for the life of the process. Every series of its file carries it as
+// the label process, so the files of two processes with the same local rank
+// (a launcher that sets none, two jobs on one node, one pod per GPU) never
+// hold the same series, which node_exporter would refuse.
+func ProcessID() string {
+	processID.once.Do(func() {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		processID.id = fmt.Sprintf("%d-%x", os.Getpid(), b)
+	})
+	return processID.id
+}
+
+var processID struct {
+	once sync.Once
+	id   string
 }
 
 func (e *exporter) startTextfile(dir string) {
@@ -224,8 +247,10 @@ func (e *exporter) startTextfile(dir string) {
 			envTextfileDir, dir, err)
 		return
 	}
+	e.textfile = filepath.Join(dir, TextfileName(e.localRank, ProcessID()))
 	e.removeStaleTextfiles(dir)
-	e.textfile = filepath.Join(dir, TextfileName(e.localRank, os.Getpid()))
+	e.treg = prometheus.NewRegistry()
+	prometheus.WrapRegistererWith(prometheus.Labels{"process": ProcessID()}, e.treg).MustRegister(newCollector(e.info, e.localRank, Devices))
 	e.stop = make(chan struct{})
 	e.done = make(chan struct{})
 	failing := !e.writeTextfile(false)
@@ -247,7 +272,8 @@ func (e *exporter) removeStaleTextfiles(dir string) {
 	matches, _ := filepath.Glob(filepath.Join(dir, "ncclnet_go_rank*_pid*.prom"))
 	for _, path := range matches {
 		var rank, pid int
-		if n, _ := fmt.Sscanf(filepath.Base(path), "ncclnet_go_rank%d_pid%d.prom", &rank, &pid); n != 2 || pid == os.Getpid() {
+		// Older files end in _pid<P>.prom, ours in _pid<P>-<hex>.prom.
+		if n, _ := fmt.Sscanf(filepath.Base(path), "ncclnet_go_rank%d_pid%d", &rank, &pid); n != 2 || path == e.textfile {
 			continue
 		}
 		if pid > 0 && !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
@@ -283,7 +309,7 @@ func (e *exporter) textfileLoop(failing bool) {
 // the old content or the new, never a partial file. Only the first failure of a
 // run of failures is a WARN; a full disk must not flood NCCL's log.
 func (e *exporter) writeTextfile(failing bool) bool {
-	err := prometheus.WriteToTextfile(e.textfile, e.reg)
+	err := prometheus.WriteToTextfile(e.textfile, e.treg)
 	switch {
 	case err != nil && !failing:
 		e.log.Warnf("NET/Go : metrics: cannot write %s: %v; will retry every %v (check %s)", e.textfile, err, e.interval, envTextfileDir)

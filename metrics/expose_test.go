@@ -1,11 +1,15 @@
 package metrics
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,7 +134,7 @@ func TestPortInUseWarnsAndKeepsWorking(t *testing.T) {
 	assert.Nil(t, e.server)
 	// The rest of the exposition still works.
 	assert.NotNil(t, Gatherer())
-	assert.FileExists(t, filepath.Join(dir, TextfileName(2, os.Getpid())))
+	assert.FileExists(t, filepath.Join(dir, TextfileName(2, ProcessID())))
 }
 
 func TestBadSettingsWarn(t *testing.T) {
@@ -164,7 +168,7 @@ func TestStartStopRefcounted(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
 	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port), "NCCL_GO_METRICS_TEXTFILE_DIR": dir})
-	file := filepath.Join(dir, TextfileName(0, os.Getpid()))
+	file := filepath.Join(dir, TextfileName(0, ProcessID()))
 
 	Stop() // without Start: nothing happens
 	log := &recLogger{}
@@ -208,7 +212,7 @@ func TestTextfileIsReplacedAtomically(t *testing.T) {
 	d := newTestDevice(t, "socket", 0)
 	log := &recLogger{}
 	Start(log, testInfo)
-	file := filepath.Join(dir, TextfileName(6, os.Getpid()))
+	file := filepath.Join(dir, TextfileName(6, ProcessID()))
 	require.FileExists(t, file, "the first file is written at Start")
 
 	// Enough traffic that the file is large (many devices), so a non-atomic
@@ -269,7 +273,7 @@ func TestTextfileIsReplacedAtomically(t *testing.T) {
 	assert.Empty(t, ents, "no temporary files left behind")
 
 	// And the exposition reports bytes exactly (write one more time directly).
-	e := &exporter{log: log, reg: newRegistry(testInfo, 6), textfile: file, interval: minInterval}
+	e := &exporter{log: log, treg: newRegistry(testInfo, 6), textfile: file, interval: minInterval}
 	require.True(t, e.writeTextfile(false))
 	b, err := os.ReadFile(file)
 	require.NoError(t, err)
@@ -281,7 +285,7 @@ func TestTextfileIsReplacedAtomically(t *testing.T) {
 func TestTextfileWriteFailureWarnsOnce(t *testing.T) {
 	dir := t.TempDir()
 	log := &recLogger{}
-	e := &exporter{log: log, reg: newRegistry(testInfo, 0), textfile: filepath.Join(dir, "gone", "x.prom"), interval: minInterval}
+	e := &exporter{log: log, treg: newRegistry(testInfo, 0), textfile: filepath.Join(dir, "gone", "x.prom"), interval: minInterval}
 	ok := e.writeTextfile(false)
 	require.False(t, ok)
 	require.False(t, e.writeTextfile(!ok))
@@ -304,7 +308,7 @@ func TestStaleTextfilesOfExitedProcessesAreRemoved(t *testing.T) {
 	// A pid that surely does not exist: beyond the kernel's pid_max limit.
 	deadOld := write("ncclnet_go_rank3_pid99999999.prom", old)
 	deadFresh := write("ncclnet_go_rank4_pid99999998.prom", time.Now())
-	aliveOld := write(TextfileName(5, os.Getppid()), old)
+	aliveOld := write(TextfileName(5, strconv.Itoa(os.Getppid())), old)
 	other := write("node_gpu.prom", old)
 
 	setEnv(t, map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": dir})
@@ -316,4 +320,69 @@ func TestStaleTextfilesOfExitedProcessesAreRemoved(t *testing.T) {
 	assert.FileExists(t, aliveOld, "its process is alive")
 	assert.FileExists(t, other, "not ours")
 	assert.Empty(t, log.Warns())
+}
+
+// TestTextfileChild is the second process of
+// TestTwoProcessesWithOneLocalRankDoNotCollide; on its own it is skipped.
+func TestTextfileChild(t *testing.T) {
+	dir := os.Getenv("METRICS_TEXTFILE_CHILD_DIR")
+	if dir == "" {
+		t.Skip("only runs re-executed by TestTwoProcessesWithOneLocalRankDoNotCollide")
+	}
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": dir})
+	newTestDevice(t, "socket", 0)
+	Start(&recLogger{}, testInfo)
+	fmt.Println("child-ready")
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the parent is done reading
+	Stop()
+}
+
+// Two processes with the same local rank (a launcher that sets none, two
+// jobs on a node, one pod per GPU sharing the directory) write two files
+// whose series differ, as node_exporter requires: it refuses series that
+// another file already exposed.
+func TestTwoProcessesWithOneLocalRankDoNotCollide(t *testing.T) {
+	stopAll(t)
+	dir := t.TempDir()
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": dir})
+	newTestDevice(t, "socket", 0)
+	Start(&recLogger{}, testInfo)
+	defer Stop()
+
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	child := exec.Command(exe, "-test.run=^TestTextfileChild$", "-test.count=1")
+	child.Env = append(os.Environ(), "METRICS_TEXTFILE_CHILD_DIR="+dir)
+	stdin, err := child.StdinPipe()
+	require.NoError(t, err)
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	defer func() { _ = stdin.Close(); _ = child.Wait() }()
+	ready := bufio.NewScanner(out)
+	for ready.Scan() && ready.Text() != "child-ready" {
+	}
+
+	files, err := filepath.Glob(filepath.Join(dir, "ncclnet_go_rank0_pid*.prom"))
+	require.NoError(t, err)
+	require.Len(t, files, 2, "one file per process")
+	seen := map[string]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, mf := range parseText(t, bytes.NewReader(b)) {
+			for _, m := range mf.GetMetric() {
+				labels := make([]string, 0, len(m.GetLabel()))
+				for _, l := range m.GetLabel() {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+				sort.Strings(labels)
+				key := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
+				if other, dup := seen[key]; dup && other != f {
+					t.Fatalf("%s is in both %s and %s: node_exporter would drop one", key, filepath.Base(other), filepath.Base(f))
+				}
+				seen[key] = f
+			}
+		}
+	}
 }
