@@ -17,5 +17,6 @@ bench-metrics: ## metrics counting cost
 
 TEST_TARGETS += test-prometheus
 BENCH_TARGETS += bench-metrics
-# prometheus ships promtool too; curl and jq talk to its HTTP API.
-APT_PACKAGES += prometheus curl jq
+# prometheus ships promtool too; curl and jq talk to its HTTP API;
+# node_exporter's textfile collector reads the textfile mode's files.
+APT_PACKAGES += prometheus prometheus-node-exporter curl jq

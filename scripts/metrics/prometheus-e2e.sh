@@ -12,8 +12,11 @@
 #    both equal size * iters, and that `promtool check metrics` accepts the
 #    exposition of both processes.
 # 2. Textfile mode: runs the transfer again with NCCL_GO_METRICS_TEXTFILE_DIR
-#    and checks the same counters in the files, promtool on them, and that the
-#    files are gone once the processes finalized.
+#    and both processes on local rank 0 (as under a launcher that sets none),
+#    and checks the same counters in the files, promtool on them, a real
+#    node_exporter's textfile collector exposing both files' series without a
+#    collision (a snapshot of them: the processes remove theirs at finalize),
+#    and that the files are gone once the processes finalized.
 # 3. Dashboard and alerting rules (deploy/): the same Prometheus loads
 #    deploy/prometheus/ncclnet-alerts.yml and scrapes two more pairs of plugin
 #    processes driven by the selftest helper: one moves verified data, holds
@@ -307,7 +310,7 @@ log "HTTP mode passed"
 ########## 2. textfile for node_exporter ##########
 TEXTDIR="$TMP/textfile"
 mkdir "$TEXTDIR"
-NCCL_GO_METRICS_TEXTFILE_DIR=$TEXTDIR NCCL_GO_METRICS_INTERVAL=0.5 \
+NCCL_GO_METRICS_TEXTFILE_DIR=$TEXTDIR NCCL_GO_METRICS_INTERVAL=0.5 NCCL_GO_METRICS_LOCAL_RANK=0 \
   start harness-textfile timeout "$HARNESS_TIMEOUT" "$HARNESS" "${harness_args[@]}"
 H_PID=$STARTED_PID
 
@@ -337,6 +340,35 @@ cp "$RECV_FILE" "$TMP/recv.prom"
 promtool check metrics <"$TMP/send.prom" || fail "promtool rejects $(basename "$SEND_FILE")"
 promtool check metrics <"$TMP/recv.prom" || fail "promtool rejects $(basename "$RECV_FILE")"
 log "textfiles $(basename "$SEND_FILE") (sender) and $(basename "$RECV_FILE") (receiver) carry $EXPECT bytes; promtool clean"
+
+# node_exporter reads both files (same local rank) and must expose every series
+# of both: it refuses, and drops, a series another file already exposed.
+SNAPDIR="$TMP/textfile-snapshot"
+mkdir "$SNAPDIR"
+cp "$TMP/send.prom" "$SNAPDIR/$(basename "$SEND_FILE")"
+cp "$TMP/recv.prom" "$SNAPDIR/$(basename "$RECV_FILE")"
+NODE_EXPORTER=$(command -v prometheus-node-exporter || command -v node_exporter) ||
+  fail "node_exporter is not installed (Debian: prometheus-node-exporter; make deps installs it)"
+ne_ready() { alive "$NE_PID" && curl -fsS --max-time 2 "http://127.0.0.1:$NE_PORT/metrics" >"$TMP/ne.prom" 2>/dev/null; }
+ne_ready_or_gone() { ne_ready || ! alive "$NE_PID"; }
+for attempt in 1 2 3; do
+  NE_PORT=$(free_ports 1) || fail "no unused port for node_exporter"
+  start node-exporter "$NODE_EXPORTER" --web.listen-address="127.0.0.1:$NE_PORT" \
+    --collector.disable-defaults --collector.textfile --collector.textfile.directory="$SNAPDIR"
+  NE_PID=$STARTED_PID
+  wait_until 20 ne_ready_or_gone && ne_ready && break
+  kill -TERM -- "-$NE_PID" 2>/dev/null || true
+  [ "$attempt" -lt 3 ] || fail "node_exporter did not serve on port $NE_PORT (see node-exporter.log)"
+done
+grep -q '^node_textfile_scrape_error 0' "$TMP/ne.prom" || fail "node_exporter's textfile collector reports an error: $(grep '^node_textfile_scrape_error' "$TMP/ne.prom")"
+if grep -q 'collected before with the same name and label values' "$TMP/node-exporter.log"; then
+  fail "node_exporter dropped series two files share: $(grep -m1 -o 'collected metric .\{0,300\}' "$TMP/node-exporter.log")"
+fi
+[ "$(grep -c '^ncclnet_info{' "$TMP/ne.prom")" = 2 ] || fail "node_exporter exposes $(grep -c '^ncclnet_info{' "$TMP/ne.prom") ncclnet_info series for two processes"
+[ "$(file_bytes "$TMP/ne.prom" send)" = "$EXPECT" ] && [ "$(file_bytes "$TMP/ne.prom" recv)" = "$EXPECT" ] ||
+  fail "through node_exporter: sent $(file_bytes "$TMP/ne.prom" send), received $(file_bytes "$TMP/ne.prom" recv) bytes; want $EXPECT each"
+kill -TERM -- "-$NE_PID" 2>/dev/null || true
+log "node_exporter exposes both rank-0 processes' files without a collision, $EXPECT bytes each way"
 
 wait "$H_PID" || fail "harness transfer (textfile mode) failed (rc $?)"
 leftover=$(find "$TEXTDIR" -mindepth 1 -printf '%f ')
