@@ -45,29 +45,53 @@ func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) 
 	if !ready {
 		return nil, nccl.Errorf(nccl.InternalError, "%s : listen before init", logPrefix)
 	}
-	var rnd [8 + secretLen + 32]byte
+	var rnd [secretLen + 32]byte // the secret, then the nonce
 	if _, err := rand.Read(rnd[:]); err != nil {
 		return nil, nccl.Errorf(nccl.SystemError, "%s : no randomness for the connection secret: %v", logPrefix, err)
 	}
 	dir := settingDir.Get()
-	path := filepath.Join(dir, fmt.Sprintf("%s%d-%x", connFilePrefix, os.Getpid(), rnd[:8]))
-	if len(path) > maxPathLen {
-		return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s=%s is too long: connection paths must fit in %d bytes of the NCCL handle; use a shorter directory", logPrefix, envDir, dir, maxPathLen)
-	}
-	r, err := createRegion(path, ringSizeSetting(log))
-	if err != nil {
-		return nil, err
+	ring := ringSizeSetting(log)
+	var r *region
+	swept := false
+	for tries := 1; ; tries++ {
+		var name [8]byte
+		if _, err := rand.Read(name[:]); err != nil {
+			return nil, nccl.Errorf(nccl.SystemError, "%s : no randomness for the connection file's name: %v", logPrefix, err)
+		}
+		path := filepath.Join(dir, fmt.Sprintf("%s%d-%x", connFilePrefix, os.Getpid(), name[:]))
+		if len(path) > maxPathLen {
+			return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s=%s is too long: connection paths must fit in %d bytes of the NCCL handle; use a shorter directory", logPrefix, envDir, dir, maxPathLen)
+		}
+		var err error
+		r, err = createRegion(path, ring)
+		switch {
+		case err == nil:
+		case errors.Is(err, errLostName) && tries < 3: // a sweep's race: another name
+			continue
+		case errors.Is(err, errLostName):
+			return nil, nccl.Errorf(nccl.SystemError, "%s : cannot create a connection file in %s: %v, %d times", logPrefix, dir, err, tries)
+		case errors.Is(err, unix.ENOSPC) && !swept:
+			// Files that killed ranks left since Init may fill the directory.
+			swept = true
+			if sweep(dir, log) > 0 {
+				continue
+			}
+			return nil, err
+		default:
+			return nil, err
+		}
+		break
 	}
 	h := r.h
 	h.u32(offVersion).Store(layoutVersion)
 	h.u32(offMaxRecvs).Store(maxRecvs)
 	h.u64(offRingSize).Store(r.ringSize)
-	copy(h.bytes(offNonce, 32), rnd[8+secretLen:])
+	copy(h.bytes(offNonce, 32), rnd[secretLen:])
 	writeSide(h, sideRecv)
 	h.u32(offState).Store(stListening)
 	h.u64(offMagic).Store(fileMagic) // last: a connector trusts nothing before it
-	secret := append([]byte(nil), rnd[8:8+secretLen]...)
-	encodeHandle(handle, boot, secret, path)
+	secret := append([]byte(nil), rnd[:secretLen]...)
+	encodeHandle(handle, boot, secret, r.path)
 	return &listener{t: t, log: log, r: r, secret: secret, timeout: peerTimeout(log)}, nil
 }
 
@@ -203,8 +227,9 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, _ nccl.ConnectOptions)
 	}
 	// The lock comes before the claim, so that from the claim on the listener
 	// can tell a live connector from a dead one; another process's lock means
-	// another connector got here first.
-	if err := lockSide(r.fd, sideSend); err != nil {
+	// another connector got here first (or a sweep is removing the file of a
+	// listener that died).
+	if err := r.lock(sideSend); err != nil {
 		r.release()
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
 			return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s already has a connector; NCCL connects once per listen handle", logPrefix, path)
@@ -265,6 +290,12 @@ func (t *Transport) advance(ref slots.Ref, pc *pendingConnect, handle *nccl.Hand
 		return fail(nccl.Errorf(nccl.SystemError, "%s : the listener of %s closed before accepting", logPrefix, pc.r.path))
 	case stProved:
 		if err := pc.w.check(); err != nil {
+			if pc.w.dead {
+				// The listener was killed before it accepted or closed, so
+				// nobody unlinked the file and nobody else will use it.
+				pc.r.linked = true
+				pc.r.unlink(t.logger())
+			}
 			return fail(err)
 		}
 		if clock.Now() > pc.deadline {

@@ -30,6 +30,8 @@ func TestMain(m *testing.M) {
 		os.Exit(childListen())
 	case "claim":
 		os.Exit(childClaim())
+	case "sweep":
+		os.Exit(childSweep())
 	}
 	os.Exit(m.Run())
 }
@@ -80,6 +82,15 @@ func childClaim() int {
 	}
 	fmt.Println("claimed")
 	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	return 0
+}
+
+// childSweep initialises a transport (which sweeps NCCL_GO_SHM_DIR), says so
+// and exits.
+func childSweep() int {
+	tr := childTransport()
+	_ = tr.Finalize()
+	fmt.Println("swept")
 	return 0
 }
 
@@ -319,7 +330,7 @@ func TestAcceptOfAStuckHandshakeIsBounded(t *testing.T) {
 	r, err := openRegion(path)
 	require.NoError(t, err)
 	defer r.release()
-	require.NoError(t, lockSide(r.fd, sideSend))
+	require.NoError(t, r.lock(sideSend))
 	writeSide(r.h, sideSend)
 	require.True(t, r.h.u32(offState).CompareAndSwap(stListening, stClaimed))
 	err = pollForError(t, "accept", func() (any, error) { return l.Accept() })

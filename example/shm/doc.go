@@ -7,8 +7,12 @@
 //
 // It owns the shared-memory protocol. Each connection is one file in
 // NCCL_GO_SHM_DIR (default /dev/shm) that the listener creates and the
-// connector maps; the file is unlinked as soon as the connection is accepted,
-// so a finished or crashed job leaves nothing behind once both ends are gone.
+// connector maps; the file is unlinked as soon as the connection is accepted
+// or the listener closed. A listener killed before either leaves its file:
+// its connector removes it on seeing the listener dead, and otherwise the
+// next Init of any process using the directory (or a Listen that finds it
+// full) does, once neither end's lock (below) is held by a live process. So
+// a finished or crashed job leaves nothing behind once both ends are gone.
 //
 // Connection set-up never blocks. The handle carries the file's path and a
 // random 32-byte secret; the connector proves it knows the secret with an

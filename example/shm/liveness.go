@@ -70,6 +70,7 @@ type peerWatch struct {
 	pid  int  // the peer's pid in its own namespace, for messages
 	self bool // both ends in this process: it lives as long as we do
 	off  bool // NCCL_GO_TIMEOUT <= 0: dead-peer checks are off
+	dead bool // check found the peer's lock gone without a close
 	idle uint32
 	next int64
 }
@@ -114,6 +115,7 @@ func (w *peerWatch) check() error {
 		return nccl.Errorf(nccl.SystemError, "%s : cannot watch peer process %d through %s: %v", logPrefix, w.pid, w.r.path, err)
 	}
 	if !locked && !w.closed() {
+		w.dead = true
 		return nccl.Errorf(nccl.SystemError, "%s : peer process %d exited (its lock on %s is gone) without closing the connection", logPrefix, w.pid, w.r.path)
 	}
 	return nil

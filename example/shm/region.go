@@ -90,9 +90,12 @@ const (
 
 // region is one mapped connection file. It keeps the file open: the POSIX
 // lock on our side's byte lives as long as this process does (liveness.go).
+// Its descriptor is in this process's table of connection files (sweep.go).
 type region struct {
 	mem      []byte
 	fd       int // -1 once released
+	id       fileID
+	side     int // the side whose lock this region holds; -1: none
 	path     string
 	ringSize uint64
 	ring     []byte
@@ -100,36 +103,57 @@ type region struct {
 	h        hdr  // typed views into mem (region_unsafe.go)
 }
 
-// createRegion makes a new connection file and maps it. fallocate commits the
-// pages now: on a full tmpfs a lazily allocated page would SIGBUS in the middle
-// of a copy instead of failing listen with a message.
+// errLostName: a sweep in another process took the file createRegion had
+// just made for an orphan; Listen tries another name.
+var errLostName = errors.New("the new connection file was taken by another process's sweep")
+
+// createRegion makes a new connection file and maps it. The listener's lock is
+// taken first, so that from then on no sweep removes the file; fallocate
+// commits the pages: on a full tmpfs a lazily allocated page would SIGBUS in
+// the middle of a copy instead of failing listen with a message.
 func createRegion(path string, ringSize uint64) (*region, error) {
 	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "%s : cannot create %s: %v (set NCCL_GO_SHM_DIR to a writable tmpfs directory)", logPrefix, path, err)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : cannot create %s: %w (set NCCL_GO_SHM_DIR to a writable tmpfs directory)", logPrefix, path, err)
 	}
-	fail := func(err error) (*region, error) {
+	var st unix.Stat_t
+	id, err := trackFD(fd, &st)
+	if err != nil {
 		_ = unix.Close(fd)
 		_ = unix.Unlink(path)
+		return nil, nccl.Errorf(nccl.SystemError, "%s : fstat %s: %v", logPrefix, path, err)
+	}
+	r := &region{fd: fd, id: id, side: -1, path: path, linked: true}
+	fail := func(err error) (*region, error) {
+		r.unlink(nil)
+		r.release()
 		return nil, err
+	}
+	if err := r.lock(sideRecv); err != nil {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+			r.linked = false // the sweep that holds it removes it
+			return fail(errLostName)
+		}
+		return fail(nccl.Errorf(nccl.SystemError, "%s : cannot lock %s: %v (the directory's filesystem must support POSIX locks; set NCCL_GO_SHM_DIR to a tmpfs)", logPrefix, path, err))
+	}
+	// Between the create and the lock a sweep may have found the file
+	// unlocked and removed it: then the name is not ours any more.
+	if err := unix.Lstat(path, &st); err != nil || statID(&st) != id {
+		r.linked = false
+		return fail(errLostName)
 	}
 	size := int64(headerSize + ringSize)
 	if err := unix.Fallocate(fd, 0, 0, size); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return fail(nccl.Errorf(nccl.SystemError, "%s : no space for %d bytes in %s: %v (enlarge that tmpfs, e.g. docker --shm-size, lower NCCL_GO_SHM_RING_SIZE or set NCCL_GO_SHM_DIR)", logPrefix, size, path, err))
+			return fail(nccl.Errorf(nccl.SystemError, "%s : no space for %d bytes in %s: %w (enlarge that tmpfs, e.g. docker --shm-size, lower NCCL_GO_SHM_RING_SIZE or set NCCL_GO_SHM_DIR)", logPrefix, size, path, err))
 		}
 		if err := unix.Ftruncate(fd, size); err != nil { // a filesystem without fallocate
 			return fail(nccl.Errorf(nccl.SystemError, "%s : cannot size %s: %v", logPrefix, path, err))
 		}
 	}
-	if err := lockSide(fd, sideRecv); err != nil {
-		return fail(nccl.Errorf(nccl.SystemError, "%s : cannot lock %s: %v (the directory's filesystem must support POSIX locks; set NCCL_GO_SHM_DIR to a tmpfs)", logPrefix, path, err))
-	}
-	r, err := mapRegion(fd, path, size)
-	if err != nil {
+	if err := r.mapFile(size); err != nil {
 		return fail(err)
 	}
-	r.linked = true
 	r.ringSize = ringSize
 	r.ring = r.mem[headerSize:]
 	return r, nil
@@ -148,17 +172,18 @@ func openRegion(path string) (*region, error) {
 		return nil, nccl.Errorf(nccl.SystemError, "%s : cannot open %s: %v", logPrefix, path, err)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	id, err := trackFD(fd, &st)
+	if err != nil {
 		_ = unix.Close(fd)
 		return nil, nccl.Errorf(nccl.SystemError, "%s : fstat %s: %v", logPrefix, path, err)
 	}
+	r := &region{fd: fd, id: id, side: -1, path: path}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size < headerSize+minRing || st.Size > headerSize+maxRing {
-		_ = unix.Close(fd)
+		r.release()
 		return nil, nccl.Errorf(nccl.InvalidUsage, "%s : %s is not a connection file (mode %#o, %d bytes)", logPrefix, path, st.Mode, st.Size)
 	}
-	r, err := mapRegion(fd, path, st.Size)
-	if err != nil {
-		_ = unix.Close(fd)
+	if err := r.mapFile(st.Size); err != nil {
+		r.release()
 		return nil, err
 	}
 	rs, err := checkHeader(r.h, uint64(st.Size))
@@ -185,30 +210,42 @@ func checkHeader(h hdr, fileSize uint64) (uint64, error) {
 	return rs, nil
 }
 
-// mapRegion maps fd, which the region then owns.
-func mapRegion(fd int, path string, size int64) (*region, error) {
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+// mapFile maps the region's file.
+func (r *region) mapFile(size int64) error {
+	mem, err := unix.Mmap(r.fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, nccl.Errorf(nccl.SystemError, "%s : mmap %s (%d bytes): %v", logPrefix, path, size, err)
+		return nccl.Errorf(nccl.SystemError, "%s : mmap %s (%d bytes): %v", logPrefix, r.path, size, err)
 	}
-	r := &region{mem: mem, fd: fd, path: path}
+	r.mem = mem
 	r.h = newHdr(mem)
-	return r, nil
+	return nil
 }
 
-// unlink removes the file's name; the mappings stay valid. Idempotent.
+// lock takes side's lock (lockSide) for this region.
+func (r *region) lock(side int) error {
+	if err := lockTracked(r.fd, r.id, side); err != nil {
+		return err
+	}
+	r.side = side
+	return nil
+}
+
+// unlink removes the file's name if it still names this file; the mappings
+// stay valid. Idempotent.
 func (r *region) unlink(log nccl.Logger) {
 	if !r.linked {
 		return
 	}
 	r.linked = false
-	if err := unix.Unlink(r.path); err != nil && !errors.Is(err, unix.ENOENT) && log != nil {
+	if err := unlinkIfSame(r.path, r.id); err != nil && !errors.Is(err, unix.ENOENT) && log != nil {
 		log.Warnf("%s : cannot remove %s: %v; delete it by hand", logPrefix, r.path, err)
 	}
 }
 
-// release unmaps the file and closes it, which drops our lock: to the peer we
-// are gone (after a Close, the close flag tells it we left on purpose).
+// release unmaps the file and gives up its descriptor, which drops our lock:
+// to the peer we are gone (after a Close, the close flag tells it we left on
+// purpose). While another region of this process has the file open, the
+// descriptor stays open and only our byte is unlocked (sweep.go).
 func (r *region) release() {
 	if r.mem != nil {
 		_ = unix.Munmap(r.mem)
@@ -216,7 +253,7 @@ func (r *region) release() {
 		r.h = hdr{}
 	}
 	if r.fd >= 0 {
-		_ = unix.Close(r.fd)
-		r.fd = -1
+		untrackFD(r.fd, r.id, r.side)
+		r.fd, r.side = -1, -1
 	}
 }

@@ -37,7 +37,8 @@ func New() nccl.Transport { return &Transport{} }
 func (t *Transport) Name() string { return "shm" }
 
 // Init implements nccl.Transport. The device exists when the connection
-// directory is a writable directory; otherwise the glue falls back.
+// directory is a writable directory; otherwise the glue falls back. It
+// removes the connection files there that no live process holds (sweep.go).
 func (t *Transport) Init(ctx nccl.InitContext) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -53,6 +54,7 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
 		return fmt.Errorf("%w: %s=%s is not writable: %v", nccl.ErrNoDevice, envDir, dir, err)
 	}
+	sweep(dir, t.log)
 	t.boot = readBootID()
 	t.ready = true
 	if d := peerTimeout(t.log); d <= 0 {
