@@ -332,8 +332,13 @@ func (s *scraper) rows(cur, prev []*scrape) []row {
 					r.recvBps = delta(d.bytes[1], pd.bytes[1]) / dt
 					r.msgps = (delta(d.msgs[0], pd.msgs[0]) + delta(d.msgs[1], pd.msgs[1])) / dt
 				}
-				if n := delta(d.latCount[0], pd.latCount[0]) + delta(d.latCount[1], pd.latCount[1]); n > 0 {
-					r.latency = (delta(d.latSum[0], pd.latSum[0]) + delta(d.latSum[1], pd.latSum[1])) / n
+				var n, sum float64
+				for dir := 0; dir < 2; dir++ {
+					dn, ds := histDelta(d.latSum[dir], d.latCount[dir], pd.latSum[dir], pd.latCount[dir])
+					n, sum = n+dn, sum+ds
+				}
+				if n > 0 {
+					r.latency = sum / n
 				}
 				r.newErrors = delta(d.errors, pd.errors)
 				r.newStalls = delta(d.stalls[0]+d.stalls[1], pd.stalls[0]+pd.stalls[1])
@@ -351,6 +356,17 @@ func delta(cur, prev float64) float64 {
 		return cur
 	}
 	return cur - prev
+}
+
+// histDelta is a histogram's increase in count and sum. The two are one
+// histogram of one process: when either went down the process restarted, and
+// both of its values are new (taking the reset on one alone would divide the
+// new process's sum by the old one's count, or the other way round).
+func histDelta(sum, count, prevSum, prevCount float64) (dCount, dSum float64) {
+	if count < prevCount || sum < prevSum {
+		return count, sum
+	}
+	return count - prevCount, sum - prevSum
 }
 
 func atoiOr0(s string) int {

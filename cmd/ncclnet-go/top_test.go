@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -104,4 +105,33 @@ func TestTopOnce(t *testing.T) {
 func TestDeltaOfARestartedCounter(t *testing.T) {
 	assert.Equal(t, 5.0, delta(15, 10))
 	assert.Equal(t, 3.0, delta(3, 10), "a counter that went down was reset: all of it is new")
+}
+
+// A rank restarted between two scrapes: its new process completed 10
+// requests of 0.5 s each (sum 5 s), the old one had 1000 requests summing
+// 1 s. Only the count went down; the sum and the count are one histogram,
+// so both restart together and AVG LAT is the new process's mean. The
+// other direction restarted the other way round: its sum went down, its
+// count did not.
+func TestTopLatencyAfterARankRestart(t *testing.T) {
+	k := devKey{"socket", "eth0", "0"}
+	now := time.Now()
+	prev := &scrape{target: "http://h:1/metrics", at: now.Add(-2 * time.Second), rank: "0",
+		devs: map[devKey]*devStats{k: {latSum: [2]float64{1, 0}, latCount: [2]float64{1000, 0}}}}
+	cur := &scrape{target: "http://h:1/metrics", at: now, rank: "0",
+		devs: map[devKey]*devStats{k: {latSum: [2]float64{5, 0}, latCount: [2]float64{10, 0}}}}
+	rows := (&scraper{}).rows([]*scrape{cur}, []*scrape{prev})
+	require.Len(t, rows, 1)
+	assert.Equal(t, 0.5, rows[0].latency, "count reset, sum grew: the new process's mean")
+
+	prev.devs[k] = &devStats{latSum: [2]float64{0, 100}, latCount: [2]float64{0, 10}}
+	cur.devs[k] = &devStats{latSum: [2]float64{0, 2}, latCount: [2]float64{0, 20}}
+	rows = (&scraper{}).rows([]*scrape{cur}, []*scrape{prev})
+	assert.Equal(t, 0.1, rows[0].latency, "sum reset, count grew: the new process's mean")
+
+	// Without a restart the window is the difference.
+	prev.devs[k] = &devStats{latSum: [2]float64{1, 0}, latCount: [2]float64{10, 0}}
+	cur.devs[k] = &devStats{latSum: [2]float64{3, 0}, latCount: [2]float64{20, 0}}
+	rows = (&scraper{}).rows([]*scrape{cur}, []*scrape{prev})
+	assert.Equal(t, 0.2, rows[0].latency)
 }
