@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 )
 
@@ -31,7 +32,9 @@ errors and stalled requests, refreshed every --interval until Ctrl-C.
 
 ADDR is host:port, a port on this host, a range host:9400-9407 (a node's
 ranks), or a URL. Without ADDR: this host's NCCL_GO_METRICS_PORT (default
-9400) and the 7 ports after it, one per local rank. --once takes two scrapes
+9400; read as the plugin reads it inside NCCL: the environment, then
+NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf) and the 7 ports after
+it, one per local rank. --once takes two scrapes
 --interval apart, prints one table without terminal control codes, and exits
 with status 1 if no endpoint answered.`)
 	interval := fs.Duration("interval", 2*time.Second, "`DURATION` between refreshes (and between the two scrapes of --once)")
@@ -48,6 +51,12 @@ with status 1 if no endpoint answered.`)
 		return usagef("--timeout %v: must be positive", *timeout)
 	}
 	if len(pos) == 0 {
+		// The base port the plugin would use inside NCCL: the environment,
+		// then NCCL_CONF_FILE (or ~/.nccl.conf) and /etc/nccl.conf.
+		conf := loadConf()
+		conf.install()
+		defer ncclenv.SetLookup(nil)
+		conf.warnProblems(c, "top")
 		base := 9400
 		if n, ok := metrics.BasePort(); ok && n > 0 && n+7 <= 65535 {
 			base = n

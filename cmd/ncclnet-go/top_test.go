@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -134,4 +136,33 @@ func TestTopLatencyAfterARankRestart(t *testing.T) {
 	cur.devs[k] = &devStats{latSum: [2]float64{3, 0}, latCount: [2]float64{20, 0}}
 	rows = (&scraper{}).rows([]*scrape{cur}, []*scrape{prev})
 	assert.Equal(t, 0.2, rows[0].latency)
+}
+
+// Without ADDR, top scrapes the base port the plugin would use: the
+// environment's NCCL_GO_METRICS_PORT, else the one in NCCL_CONF_FILE (or
+// ~/.nccl.conf, /etc/nccl.conf), as NCCL hands it to the plugin.
+func TestTopDefaultPortFromNCCLConf(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, exposition("0", 1))
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	_, port, _ := strings.Cut(host, ":")
+	if p, _ := strconv.Atoi(port); p+7 > 65535 {
+		t.Skipf("the test server got port %d: no room for the 7 ports after it", p)
+	}
+	conf := filepath.Join(t.TempDir(), "nccl.conf")
+	require.NoError(t, os.WriteFile(conf, []byte("NCCL_GO_METRICS_PORT="+port+"\n"), 0o644))
+
+	testEnv(t, map[string]string{"NCCL_CONF_FILE": conf})
+	out, errOut, code := runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "500ms")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(host)+` +0 +mlx5_0:1 +ib `, out, "the port nccl.conf sets")
+
+	// The environment wins over the file, as in NCCL.
+	testEnv(t, map[string]string{"NCCL_CONF_FILE": conf, "NCCL_GO_METRICS_PORT": "1"})
+	out, errOut, code = runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "500ms")
+	assert.Equal(t, 1, code, out)
+	assert.Contains(t, errOut, "no metrics endpoint answered (127.0.0.1:1-8)")
+	assert.NotContains(t, out, host)
 }
