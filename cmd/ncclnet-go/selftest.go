@@ -170,7 +170,8 @@ func printSelftest(c *cli, r map[string]string, pass bool) {
 }
 
 // parseResult reads the helper's last "result=..." line: key=value words,
-// where a failure's reason runs to the end of the line.
+// where a failure's reason runs to the end of the line and its step (where=,
+// the last word before reason=) may have spaces.
 func parseResult(out string) map[string]string {
 	var line string
 	for _, l := range strings.Split(out, "\n") {
@@ -185,6 +186,10 @@ func parseResult(out string) map[string]string {
 	if i := strings.Index(line, " reason="); i >= 0 {
 		m["reason"] = strings.TrimSpace(line[i+len(" reason="):])
 		line = line[:i]
+		if j := strings.Index(line, " where="); j >= 0 {
+			m["where"] = strings.TrimSpace(line[j+len(" where="):])
+			line = line[:j]
+		}
 	}
 	for _, w := range strings.Fields(line) {
 		if k, v, ok := strings.Cut(w, "="); ok {

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -59,6 +60,53 @@ func TestSelftestDetectsCorruption(t *testing.T) {
 	assert.Contains(t, stdout, "ncclnet-go selftest: FAIL: message #0: byte 32768 differs from what was sent\n")
 }
 
+// testPlugin builds testdata/<name>.c into a plugin library.
+func testPlugin(t *testing.T, name string) string {
+	t.Helper()
+	so := filepath.Join(t.TempDir(), "libnccl-net-"+name+".so")
+	gcc := exec.Command("gcc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"+filepath.Join(repoRoot, "nccl", "include"),
+		"-fPIC", "-shared", "-o", so, filepath.Join("testdata", name+".c"), "-ldl")
+	out, err := gcc.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return so
+}
+
+// A registration slower than --timeout is reported in its own step, not in
+// the connect/accept step before it.
+func TestSelftestSlowRegistrationNamesItsStep(t *testing.T) {
+	lib, helper := built(t)
+	testEnv(t, nil)
+	t.Setenv("REGMR_PLUGIN_REAL", lib)
+	t.Setenv("REGMR_PLUGIN_SLEEP", "60")
+	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
+	start := time.Now()
+	out, errOut, code := runCmd(t, "selftest", "--plugin", testPlugin(t, "regmr-plugin"), "--helper", helper,
+		"--size", "64K", "--iters", "2", "--timeout", "5s")
+	assert.Equal(t, 1, code, "%s%s", out, errOut)
+	assert.Less(t, time.Since(start), 30*time.Second, "the helper stops the ranks at --timeout")
+	assert.Contains(t, out, "ncclnet-go selftest: FAIL: not finished after 5 s (--timeout 5)\n")
+	assert.Regexp(t, `\n  step      allocating and registering buffers \(2 x 131072 bytes\) \(process [01]\)\n`, out)
+}
+
+// The buffers hold the messages that are in flight at once, min(8, --iters),
+// and no more: a registration of unused slots pins memory (ib) for nothing,
+// 16 GiB per process for --size 1G --iters 1.
+func TestSelftestRegistersOnlyTheSlotsItUses(t *testing.T) {
+	lib, helper := built(t)
+	testEnv(t, nil)
+	plugin := testPlugin(t, "regmr-plugin")
+	t.Setenv("REGMR_PLUGIN_REAL", lib)
+	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
+	for _, c := range []struct {
+		iters, max string
+	}{{"1", "1048576"}, {"2", "2097152"}, {"20", "8388608"}} {
+		t.Setenv("REGMR_PLUGIN_MAX", c.max)
+		out, errOut, code := runCmd(t, "selftest", "--plugin", plugin, "--helper", helper,
+			"--size", "1M", "--iters", c.iters, "--lat-iters", "10")
+		assert.Equal(t, 0, code, "--iters %s, registrations of at most %s bytes: %s%s", c.iters, c.max, out, errOut)
+	}
+}
+
 func TestSelftestForcedIBWithoutRDMAFails(t *testing.T) {
 	if hostHasRDMA() {
 		t.Skip("this host has RDMA devices; the Soft-RoCE lane runs the ib self-test")
@@ -92,6 +140,8 @@ func TestParseResult(t *testing.T) {
 	assert.Nil(t, parseResult("noise\n"))
 	assert.Equal(t, map[string]string{"result": "fail", "rank": "1", "where": "init", "reason": "x = y; z"},
 		parseResult("junk\nresult=fail rank=1 where=init reason=x = y; z\n"))
+	assert.Equal(t, map[string]string{"result": "fail", "rank": "0", "where": "receiving (rank 1 -> 0)", "reason": "r"},
+		parseResult("result=fail rank=0 where=receiving (rank 1 -> 0) reason=r\n"), "a step has spaces")
 	m := parseResult("result=pass library=/x.so gbps_1to0=1.500 gbps_0to1=2.000\n")
 	assert.Equal(t, "1.500", m["gbps_1to0"])
 	assert.Equal(t, "/x.so", m["library"])

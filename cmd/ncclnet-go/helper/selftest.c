@@ -120,8 +120,12 @@ static int stream(rank_t* r, net_t* n, link_t* l, int from, uint8_t* sbuf, uint8
   uint8_t* arena = sender ? sbuf : rbuf;
   void* mh = sender ? smh : rmh;
   int window = iters < WINDOW ? iters : WINDOW;
-  if (sender)
+  if (sender) {
+    /* Filling touches every page of the window: 8 GiB for 8 x 1 GiB. */
+    set_where(r, "filling %d message%s of %zu bytes (%s)", window, window == 1 ? "" : "s", size,
+              from == 1 ? "1->0" : "0->1");
     for (int k = 0; k < window; k++) pattern_fill(arena + (size_t)k * slot, size, seed0 + (uint64_t)k);
+  }
   set_where(r, "barrier before the %s transfer", from == 1 ? "1->0" : "0->1");
   if (ctl_barrier(r, 60) != 0) {
     snprintf(why, whylen, "the other rank did not reach the transfer");
@@ -339,7 +343,13 @@ static int st_rank(rank_t* r, void* arg) {
   size_t big = o->size > o->lat_size ? o->size : o->lat_size;
   slot = (big + 4095) & ~(size_t)4095;
   if (slot == 0) slot = 4096;
-  arena = slot * WINDOW;
+  /* One slot per message in flight: stream() keeps min(WINDOW, iters) in
+   * flight and the ping-pong uses the first slot; load rounds use WINDOW.
+   * Slots no message uses would only cost registered (pinned, on ib)
+   * memory: 8 GiB per buffer for --size 1G --iters 1. */
+  int nslots = o->load || o->iters > WINDOW ? WINDOW : o->iters;
+  arena = slot * (size_t)nslots;
+  set_where(r, "allocating and registering buffers (2 x %zu bytes)", arena);
   sbuf = buf_alloc(arena);
   rbuf = buf_alloc(arena);
   if (sbuf == NULL || rbuf == NULL) {
@@ -545,7 +555,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (out.hung) {
-    printf("result=fail rank=%d where=%s reason=no progress for %.0f s (--timeout %.0f)\n", out.hung_rank,
+    printf("result=fail rank=%d where=%s reason=not finished after %.0f s (--timeout %.0f)\n", out.hung_rank,
            out.hung_where, out.hung_after, o.timeout);
     return 1;
   }
