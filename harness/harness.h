@@ -12,6 +12,7 @@
 #ifndef NCCLNET_HARNESS_H
 #define NCCLNET_HARNESS_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -208,7 +209,13 @@ typedef struct {
   int hung_rank;      /* which rank was stuck */
   char hung_where[WHERE_LEN];
   double hung_after;
+  int stopped;        /* the signal number in harness_stop_signal that ended the pair, 0 */
 } pair_outcome_t;
+
+/* A program's SIGINT/SIGTERM handler may set this (to the signal number):
+ * run_pair then kills both ranks, reaps them and returns with out->stopped
+ * set, shm->where still saying what each rank was doing. 0 by default. */
+extern volatile sig_atomic_t harness_stop_signal;
 
 shm_t* shm_create(void);
 /* Forks rank 0 and rank 1 running fn, watches them. A check (shm->cur) running

@@ -20,6 +20,8 @@
 
 #include "harness.h"
 
+volatile sig_atomic_t harness_stop_signal;
+
 enum { FRAME_DATA = 1, FRAME_END = 2 };
 typedef struct {
   uint32_t kind;
@@ -229,6 +231,25 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
       }
     }
     if (out->exited[0] && out->exited[1]) break;
+    if (harness_stop_signal != 0) {
+      /* The program was told to stop: no rank outlives it, none is left
+       * unreaped. */
+      out->stopped = harness_stop_signal;
+      for (int i = 0; i < 2; i++)
+        if (!out->exited[i]) kill(pid[i], SIGKILL);
+      for (int i = 0; i < 2; i++) {
+        int st;
+        pid_t w;
+        if (out->exited[i]) continue;
+        while ((w = waitpid(pid[i], &st, 0)) < 0 && errno == EINTR) {
+        }
+        if (w == pid[i]) {
+          out->exited[i] = 1;
+          out->status[i] = st;
+        }
+      }
+      break;
+    }
     /* A rank that crashed leaves the other waiting on a peer that is gone. */
     for (int i = 0; i < 2; i++) {
       if (out->exited[i] && WIFSIGNALED(out->status[i]) && !atomic_load(&shm->expect_death[i]) && !out->exited[1 - i]) {

@@ -8,7 +8,8 @@
 //	ncclnet-go top        per-device throughput, in-flight requests, errors and stalls of running ranks
 //
 // Errors are one line on stderr; exit status 0 means success, 1 a failed
-// check or operation, 2 bad usage.
+// check or operation, 2 bad usage, 128 + the signal's number (130 SIGINT,
+// 143 SIGTERM) a selftest stopped by a signal.
 package main
 
 import (
@@ -20,6 +21,7 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib"
@@ -57,8 +59,21 @@ type cli struct {
 	stdout, stderr io.Writer
 	// exe is this program's path (to find the selftest helper).
 	exe string
-	// interrupt, when non-nil, ends long-running subcommands (top).
+	// interrupt, when non-nil, is closed at the first SIGINT or SIGTERM:
+	// it ends long-running subcommands (top, selftest). signal then says
+	// which signal it was.
 	interrupt <-chan struct{}
+	signal    func() os.Signal
+}
+
+// received is the signal that closed cli.interrupt (SIGINT when unknown).
+func (c *cli) received() os.Signal {
+	if c.signal != nil {
+		if s := c.signal(); s != nil {
+			return s
+		}
+	}
+	return os.Interrupt
 }
 
 // usageError is bad usage: exit status 2.
@@ -72,6 +87,31 @@ type failure struct{ msg string }
 
 func (e failure) Error() string { return e.msg }
 
+// interrupted is a subcommand stopped by a signal (selftest): exit status
+// 128 + the signal's number, the shell's convention, with the message
+// already printed.
+type interrupted struct{ sig os.Signal }
+
+func (e interrupted) Error() string { return "interrupted by " + signalName(e.sig) }
+
+func signalName(s os.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
+}
+
+// signalStatus is the exit status for a signal: 128 + its number.
+func signalStatus(s os.Signal) int {
+	if n, ok := s.(syscall.Signal); ok {
+		return 128 + int(n)
+	}
+	return 130
+}
+
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
 func main() {
@@ -81,15 +121,20 @@ func main() {
 	}
 	exe, _ := os.Executable()
 	interrupt := make(chan struct{})
-	sig := make(chan os.Signal, 1)
+	var first atomic.Value
+	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
-		<-sig
+		first.Store(<-sig)
 		close(interrupt)
-		<-sig
-		os.Exit(130) // a second Ctrl-C does not wait
+		s := <-sig
+		// A second signal does not wait for the subcommand to stop; its
+		// helper processes do not outlive it either.
+		killHelpers()
+		os.Exit(signalStatus(s))
 	}()
-	os.Exit(run(os.Args[1:], &cli{stdout: os.Stdout, stderr: os.Stderr, exe: exe, interrupt: interrupt}))
+	received := func() os.Signal { s, _ := first.Load().(os.Signal); return s }
+	os.Exit(run(os.Args[1:], &cli{stdout: os.Stdout, stderr: os.Stderr, exe: exe, interrupt: interrupt, signal: received}))
 }
 
 func run(args []string, c *cli) (status int) {
@@ -121,9 +166,12 @@ func run(args []string, c *cli) (status int) {
 		err := cmd.run(c, args[1:])
 		var ue usageError
 		var fe failure
+		var ie interrupted
 		switch {
 		case err == nil:
 			return 0
+		case errors.As(err, &ie):
+			return signalStatus(ie.sig)
 		case errors.As(err, &ue):
 			if ue.msg != "" {
 				fmt.Fprintf(c.stderr, "ncclnet-go %s: %s (see ncclnet-go %s --help)\n", cmd.name, ue.msg, cmd.name)
@@ -160,7 +208,7 @@ func printUsage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\n  ncclnet-go COMMAND --help   flags of one command\n  ncclnet-go --version\n")
-	fmt.Fprintf(w, "\nExit status: 0 success, 1 a failed check, 2 bad usage.\n")
+	fmt.Fprintf(w, "\nExit status: 0 success, 1 a failed check, 2 bad usage, 130 or 143 selftest stopped by SIGINT or SIGTERM.\n")
 }
 
 // printJSON writes v as indented JSON.

@@ -116,10 +116,7 @@ func TestPanicIsOneLine(t *testing.T) {
 // TestBinaryPrintsNoStackTrace runs the built program: failures end in one
 // line, without a Go stack trace.
 func TestBinaryPrintsNoStackTrace(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "ncclnet-go")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := builtCommand(t)
 	for _, args := range [][]string{{"selftest", "--plugin", "/nonexistent/libnccl-net-go.so"}, {"top", "--once", "--interval", "100ms", "127.0.0.1:1"}, {"devices", "--nope"}} {
 		cmd := exec.Command(bin, args...)
 		var o, e bytes.Buffer
@@ -130,6 +127,30 @@ func TestBinaryPrintsNoStackTrace(t *testing.T) {
 		assert.NotContains(t, e.String(), ".go:", "%q", args)
 		assert.Equal(t, 1, strings.Count(e.String(), "\n"), "%q: %q", args, e.String())
 	}
+}
+
+// program is this package built, once per test run.
+var program struct {
+	once     sync.Once
+	dir, bin string
+	err      string
+}
+
+func builtCommand(t *testing.T) string {
+	t.Helper()
+	program.once.Do(func() {
+		dir, err := os.MkdirTemp("", "ncclnet-go-cmd")
+		if err != nil {
+			program.err = err.Error()
+			return
+		}
+		program.dir, program.bin = dir, filepath.Join(dir, "ncclnet-go")
+		if out, err := exec.Command("go", "build", "-o", program.bin, ".").CombinedOutput(); err != nil {
+			program.err = "go build: " + err.Error() + "\n" + string(out)
+		}
+	})
+	require.Empty(t, program.err)
+	return program.bin
 }
 
 // The command must offer the transports the library offers, in its order.
@@ -167,6 +188,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if artifacts.dir != "" {
 		os.RemoveAll(artifacts.dir)
+	}
+	if program.dir != "" {
+		os.RemoveAll(program.dir)
 	}
 	os.Exit(code)
 }

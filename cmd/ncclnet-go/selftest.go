@@ -2,15 +2,19 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // helperName is the C program that loads the library (a Go program cannot
@@ -30,7 +34,11 @@ path, or a name NCCL turns into libnccl-net-<name>.so on the library search
 path (default "go": the installed libnccl-net-go.so). The processes see the
 environment NCCL would give the plugin (NCCL_CONF_FILE or ~/.nccl.conf and
 /etc/nccl.conf fill in unset variables), minus the metrics exposure
-variables: a health check must not take a job's metrics ports.`)
+variables: a health check must not take a job's metrics ports.
+
+SIGTERM or Ctrl-C stops the test at once: the processes are killed and
+reaped, the step each was in is printed, and the exit status is 143 (130
+for SIGINT).`)
 	transport := fs.String("transport", "", "force `ib` or socket (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
 	plugin := fs.String("plugin", "go", "library to load, as NCCL_NET_PLUGIN takes it: a `NAME` or a path")
 	size := fs.String("size", "64M", "`BYTES` per message, suffix K, M or G (at most 1G, NCCL's largest message)")
@@ -86,22 +94,24 @@ variables: a health check must not take a job's metrics ports.`)
 	if *transport != "" {
 		env = append(withoutVars(env, "NCCL_GO_TRANSPORT"), "NCCL_GO_TRANSPORT="+*transport)
 	}
-	// The helper bounds itself; this bound only catches a helper that
-	// cannot even do that.
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout+time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, h, argv...)
+	start := time.Now()
+	cmd := exec.Command(h, argv...)
 	cmd.Env = env
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	runErr := cmd.Run()
+	// The helper bounds itself; this bound only catches a helper that
+	// cannot even do that.
+	sig, timedOut, runErr := runHelper(c, cmd, *timeout+time.Minute)
 	res := parseResult(stdout.String())
+	if sig != nil {
+		return selftestInterrupted(c, sig, time.Since(start), res, stderr.String(), *asJSON, *verbose)
+	}
 	if res == nil {
 		msg := "the helper printed no result"
 		if runErr != nil {
 			msg = fmt.Sprintf("%s failed: %v", h, runErr)
 		}
-		if ctx.Err() != nil {
+		if timedOut {
 			msg = fmt.Sprintf("%s did not finish within %v", h, *timeout+time.Minute)
 		}
 		if s := strings.TrimSpace(stderr.String()); s != "" {
@@ -138,6 +148,155 @@ variables: a health check must not take a job's metrics ports.`)
 		return failure{}
 	}
 	return nil
+}
+
+// helperGrace is how long a helper told to stop may take to stop and reap
+// its processes and say where they were, before its whole process group is
+// killed; and how long after that kill ncclnet-go waits for it.
+const helperGrace = 2 * time.Second
+
+// helpers are the process groups of the helpers running now: a second
+// SIGINT or SIGTERM kills them before ncclnet-go exits (main).
+var helpers struct {
+	sync.Mutex
+	pgids map[int]bool
+}
+
+func trackHelper(pgid int, on bool) {
+	helpers.Lock()
+	defer helpers.Unlock()
+	if helpers.pgids == nil {
+		helpers.pgids = map[int]bool{}
+	}
+	if on {
+		helpers.pgids[pgid] = true
+	} else {
+		delete(helpers.pgids, pgid)
+	}
+}
+
+// killHelpers kills every running helper's process group and reaps what it
+// can within helperGrace (main, at a second signal, just before it exits).
+func killHelpers() {
+	helpers.Lock()
+	n := len(helpers.pgids)
+	for pgid := range helpers.pgids {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+	helpers.Unlock()
+	if n > 0 {
+		reapOrphans(helperGrace)
+	}
+}
+
+// reapOrphans waits for this process's ended children: the processes of a
+// killed helper's group were re-parented to ncclnet-go (a child subreaper,
+// see runHelper) when the helper died with them, and must not stay zombies
+// (in a container whose PID 1 does not reap, they would). It returns when no
+// child is left or after limit. Only call it when no exec.Cmd waits for a
+// child still running.
+func reapOrphans(limit time.Duration) {
+	end := time.Now().Add(limit)
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG|unix.WALL, nil)
+		switch {
+		case err == syscall.EINTR || pid > 0:
+			continue
+		case err != nil: // ECHILD: none left
+			return
+		case time.Now().After(end):
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// runHelper runs the selftest helper in a process group of its own (the
+// helper, its two processes and anything they start) and waits for it. The
+// helper dies with ncclnet-go (Pdeathsig), and its processes with it. The
+// first SIGINT or SIGTERM (c.interrupt) is passed on to the helper, which
+// kills and reaps its processes and prints the step each was in; what is
+// left of the group after helperGrace is killed. It returns the signal that
+// interrupted the run (nil when none), whether limit ran out, and how the
+// helper ended.
+func runHelper(c *cli, cmd *exec.Cmd, limit time.Duration) (sig os.Signal, timedOut bool, err error) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Processes of the group that lose their parent (the helper, killed
+	// with them) become ncclnet-go's children, which it reaps, rather than
+	// init's.
+	_ = unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+	// A process of the group that outlived the helper must not keep Wait
+	// reading its output.
+	cmd.WaitDelay = helperGrace
+	if err := cmd.Start(); err != nil {
+		return nil, false, err
+	}
+	pgid := cmd.Process.Pid
+	trackHelper(pgid, true)
+	defer trackHelper(pgid, false)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	limitTimer := time.NewTimer(limit)
+	defer limitTimer.Stop()
+	stop := func() error {
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		select {
+		case err := <-done:
+			reapOrphans(helperGrace)
+			return err
+		case <-time.After(helperGrace):
+			return fmt.Errorf("%s (pid %d) did not end after SIGKILL", cmd.Path, pgid)
+		}
+	}
+	select {
+	case err = <-done:
+		return nil, false, err
+	case <-limitTimer.C:
+		return nil, true, stop()
+	case <-c.interrupt:
+	}
+	sig = c.received()
+	_ = cmd.Process.Signal(sig)
+	select {
+	case err = <-done:
+		// It reaped its processes; anything they started goes too.
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		reapOrphans(helperGrace)
+	case <-time.After(helperGrace):
+		err = stop()
+	}
+	return sig, false, err
+}
+
+// selftestInterrupted reports a run stopped by a signal: where the two
+// processes were when the helper stopped them.
+func selftestInterrupted(c *cli, sig os.Signal, elapsed time.Duration, res map[string]string, log string, asJSON, verbose bool) error {
+	where := ""
+	if res != nil && strings.HasPrefix(res["reason"], "interrupted") {
+		where = res["where"]
+	}
+	if asJSON {
+		out := map[string]any{"pass": false, "result": "interrupted", "signal": signalName(sig),
+			"reason": "interrupted by " + signalName(sig), "seconds": math.Round(elapsed.Seconds()*10) / 10}
+		if where != "" {
+			out["where"] = where
+		}
+		if err := printJSON(c.stdout, out); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(c.stdout, "ncclnet-go selftest: INTERRUPTED by %s after %.1f s; its processes were stopped\n", signalName(sig), elapsed.Seconds())
+		if where != "" {
+			fmt.Fprintf(c.stdout, "  step      %s\n", where)
+		}
+	}
+	if verbose {
+		if s := strings.TrimSpace(log); s != "" {
+			fmt.Fprintf(c.stderr, "plugin log:\n%s\n", s)
+		}
+	}
+	return interrupted{sig}
 }
 
 func printSelftest(c *cli, r map[string]string, pass bool) {

@@ -22,10 +22,15 @@
  * Output (stdout, one line): "result=pass key=value ..." or
  * "result=fail rank=R where=STEP reason=TEXT" (reason runs to the end of the
  * line). Exit status 0 on pass, 1 on failure, 2 on bad usage.
+ *
+ * SIGTERM or SIGINT while the two processes run kills and reaps them, prints
+ * "result=fail rank=- where=process 0: STEP; process 1: STEP reason=interrupted
+ * by SIGTERM" and exits with 128 + the signal number.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <link.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,7 +322,16 @@ static int load_traffic(rank_t* r, net_t* n, link_t* l, const st_opts_t* o, uint
   }
 }
 
+/* The parent's SIGTERM/SIGINT handler: run_pair stops the ranks. */
+static void on_stop_signal(int sig) { harness_stop_signal = sig; }
+
+static const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
 static int st_rank(rank_t* r, void* arg) {
+  /* A rank dies of these signals as a process without handlers does; only
+   * the parent turns them into a report. */
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
   st_arg_t* a = arg;
   const st_opts_t* o = a->o;
   shm_t* s = r->shm;
@@ -550,9 +564,24 @@ int main(int argc, char** argv) {
   memset(s->text, 0, sizeof s->text);
   st_arg_t a = {&o, v};
   pair_outcome_t out;
+  struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
   if (run_pair(s, st_rank, &a, o.timeout, o.timeout + 30, &out) != 0) {
     printf("result=fail rank=- where=start reason=cannot start the two processes\n");
     return 1;
+  }
+  int stop = out.stopped ? out.stopped : harness_stop_signal;
+  if (stop != 0) {
+    char w[2][WHERE_LEN];
+    for (int i = 0; i < 2; i++) {
+      memcpy(w[i], s->where[i], WHERE_LEN);
+      w[i][WHERE_LEN - 1] = 0;
+    }
+    printf("result=fail rank=- where=process 0: %s; process 1: %s reason=interrupted by %s\n", w[0][0] ? w[0] : "?",
+           w[1][0] ? w[1] : "?", signal_name(stop));
+    return 128 + stop;
   }
   if (out.hung) {
     printf("result=fail rank=%d where=%s reason=not finished after %.0f s (--timeout %.0f)\n", out.hung_rank,
