@@ -36,6 +36,7 @@ type commEntry struct {
 
 	reqs   reqTable
 	events [][maxProfEvents]uintptr // per request slot; nil without a profiler
+	wait   sendWait                 // isends the transport keeps refusing (send comms)
 	bufs   [maxABIRecvs]nccl.RecvBuffer
 	sizes  [maxABIRecvs]int
 }

@@ -142,7 +142,13 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 	}
 	id, err := e.send.Isend(data, int(size), tag, nccl.MemHandle(mh))
 	if err != nil || id < 0 {
+		if err == nil && id == nccl.NoRequest && e.stallWarn > 0 {
+			e.waitRefused(size)
+		}
 		return 0, e.refused("isend", idx, id, err)
+	}
+	if e.wait.since != 0 {
+		e.waitOver()
 	}
 	r := e.postReq(idx, id, false, 1, size)
 	if phandle != 0 {
@@ -315,6 +321,57 @@ func netTest(req uintptr, sizes *int32) (done bool, res nccl.Result) {
 	e.profStopAll(idx, r)
 	e.reqs.release(idx)
 	return true, nccl.Success
+}
+
+// sendWait follows a run of isends the transport refused (nccl.NoRequest):
+// a send that waits for the receiver's clear-to-send (ib, shm) is no request
+// yet, so no stall check of a request covers it, and a receiver that posts
+// nothing would otherwise leave both sides silent. Progress thread only.
+type sendWait struct {
+	since    int64  // clock at the run's first refusal whose time was read; 0: no run
+	refusals uint32 // in this run; the clock is read every waitClockEvery
+	nextWarn int64
+	period   int64
+	warned   bool
+	size     int64 // of the send being refused, for the WARN
+}
+
+const waitClockEvery = 64
+
+// waitRefused counts one refused isend of size bytes.
+func (e *commEntry) waitRefused(size int64) {
+	w := &e.wait
+	if w.refusals++; w.refusals%waitClockEvery != 1 {
+		return
+	}
+	t := clock.Now()
+	if w.since == 0 {
+		w.since, w.size, w.period = t, size, e.stallWarn
+		w.nextWarn = t + e.stallWarn
+		return
+	}
+	if t < w.nextWarn {
+		return
+	}
+	if !w.warned {
+		w.warned = true
+		if e.counting {
+			e.m.Stalled(metrics.Send)
+		}
+	}
+	log.Warnf("NET/Go : send of %d bytes to %s (device %s) refused by the transport for %.1fs: the receiver has not posted a receive for it; the peer may be stuck or gone (NCCL_GO_STALL_WARN sets this threshold)",
+		w.size, e.peer, e.deviceName(), float64(t-w.since)/1e9)
+	w.period = min(2*w.period, maxStallPeriod)
+	w.nextWarn = t + w.period
+}
+
+// waitOver ends a run of refusals: an isend was accepted.
+func (e *commEntry) waitOver() {
+	if e.wait.warned {
+		log.Warnf("NET/Go : send of %d bytes to %s (device %s) accepted after %.1fs of refusals",
+			e.wait.size, e.peer, e.deviceName(), float64(clock.Now()-e.wait.since)/1e9)
+	}
+	e.wait = sendWait{}
 }
 
 // stallCheckEvery: the stall check runs on every stallCheckEvery-th test of

@@ -845,3 +845,43 @@ func TestMetricsOffCountsNoConnections(t *testing.T) {
 	assert.Zero(t, s.ConnsClosed[metrics.Send], "connections_closed_total counts")
 	assert.Zero(t, s.ConnsClosed[metrics.Recv], "connections_closed_total counts")
 }
+
+// A send the transport keeps refusing (ib and shm wait for the receiver's
+// clear-to-send) is no request yet, so only this check can say that the
+// receiver posts nothing: WARN after NCCL_GO_STALL_WARN, backing off, counted
+// once as a stalled send, and a last line when a send is accepted again.
+func TestRefusedSendsAreReportedAsStalled(t *testing.T) {
+	f := &fakeTransport{name: "starved", devs: 1}
+	name := register(t, f, 4100)
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_STALL_WARN": "0.02"})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	send, _, sh, _ := connectPair(t)
+	fs := send.send.(*fakeSend)
+	buf := make([]byte, 64)
+	fs.retry = true
+	isend := func() uintptr {
+		req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 48, 0, 0, 0)
+		require.Equal(t, nccl.Success, res)
+		return req
+	}
+	for deadline := time.Now().Add(5 * time.Second); len(sink.warns()) == 0 && time.Now().Before(deadline); {
+		require.Zero(t, isend())
+	}
+	require.NotEmpty(t, sink.warns(), "a send refused for longer than NCCL_GO_STALL_WARN must be reported")
+	w := sink.warns()[0]
+	assert.Contains(t, w, "send of 48 bytes")
+	assert.Contains(t, w, "refused by the transport")
+	assert.Contains(t, w, "NCCL_GO_STALL_WARN")
+	n := len(sink.warns())
+	for i := 0; i < 10000; i++ {
+		isend()
+	}
+	assert.LessOrEqual(t, len(sink.warns()), n+1, "WARNs back off instead of flooding")
+	assert.EqualValues(t, 1, send.m.Snapshot().Stalls[metrics.Send], "counted once")
+	assert.Zero(t, testing.AllocsPerRun(1000, func() { isend() }), "a refused isend allocates")
+	fs.retry = false
+	require.NotZero(t, isend())
+	assert.Contains(t, sink.warns()[len(sink.warns())-1], "accepted after")
+	assert.EqualValues(t, 1, send.m.Snapshot().Stalls[metrics.Send])
+}
