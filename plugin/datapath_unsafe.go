@@ -143,7 +143,13 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 	id, err := e.send.Isend(data, int(size), tag, nccl.MemHandle(mh))
 	if err != nil || id < 0 {
 		if err == nil && id == nccl.NoRequest && e.stallWarn > 0 {
-			e.waitRefused(size)
+			// Only a refusal with nothing else in flight is this comm's
+			// whole story; pending requests have their own stall checks.
+			if len(e.reqs.slots)-e.reqs.nfree == 1 {
+				e.waitRefused(size)
+			} else if e.wait.since != 0 && !e.wait.warned {
+				e.wait = sendWait{}
+			}
 		}
 		return 0, e.refused("isend", idx, id, err)
 	}
@@ -323,10 +329,11 @@ func netTest(req uintptr, sizes *int32) (done bool, res nccl.Result) {
 	return true, nccl.Success
 }
 
-// sendWait follows a run of isends the transport refused (nccl.NoRequest):
-// a send that waits for the receiver's clear-to-send (ib, shm) is no request
-// yet, so no stall check of a request covers it, and a receiver that posts
-// nothing would otherwise leave both sides silent. Progress thread only.
+// sendWait follows a run of isends the transport refused (nccl.NoRequest)
+// while the comm had no request in flight: a send that waits for the
+// receiver's clear-to-send (ib, shm) is no request yet, so no stall check of
+// a request covers it, and a receiver that posts nothing would otherwise
+// leave both sides silent. Progress thread only.
 type sendWait struct {
 	since    int64  // clock at the run's first refusal whose time was read; 0: no run
 	refusals uint32 // in this run; the clock is read every waitClockEvery
