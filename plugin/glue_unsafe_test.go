@@ -885,3 +885,29 @@ func TestRefusedSendsAreReportedAsStalled(t *testing.T) {
 	assert.Contains(t, sink.warns()[len(sink.warns())-1], "accepted after")
 	assert.EqualValues(t, 1, send.m.Snapshot().Stalls[metrics.Send])
 }
+
+// Refusals behind a request still in flight (socket's full send queue) are
+// that request's story, told by its own stall check: no refusal WARN.
+func TestRefusedSendsBehindAPendingOneAreNotReported(t *testing.T) {
+	f := &fakeTransport{name: "behind", devs: 1}
+	name := register(t, f, 4200)
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_STALL_WARN": "0.02"})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	send, _, sh, _ := connectPair(t)
+	fs := send.send.(*fakeSend)
+	buf := make([]byte, 64)
+	first, res := netIsend(sh, unsafe.Pointer(&buf[0]), 48, 0, 0, 0)
+	require.Equal(t, nccl.Success, res)
+	require.NotZero(t, first)
+	fs.retry = true
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		req, res := netIsend(sh, unsafe.Pointer(&buf[0]), 48, 0, 0, 0)
+		require.Equal(t, nccl.Success, res)
+		require.Zero(t, req)
+	}
+	for _, w := range sink.warns() {
+		assert.NotContains(t, w, "refused by the transport")
+	}
+	assert.Zero(t, send.m.Snapshot().Stalls[metrics.Send])
+}
