@@ -147,6 +147,10 @@ func envNonNegative(log nccl.Logger, name, hint string) (n int, set bool) {
 	}
 	n64, err := ncclenv.ParseInt(v)
 	n = int(n64)
+	if ncclenv.ReadInPart(err) {
+		log.Warnf("NET/Go : metrics: reading %s=%q as %d: %v", name, v, n64, err)
+		err = nil
+	}
 	if err != nil || n64 < 0 || n64 > 1<<31 {
 		log.Warnf("NET/Go : metrics: ignoring %s=%q: expected an integer >= 0; %s", name, v, hint)
 		return -1, true

@@ -75,6 +75,10 @@ func read[T any](e Env, name string, def T, parse func(string) (T, error), show 
 		return def
 	}
 	x, err := parse(v)
+	if ncclenv.ReadInPart(err) {
+		e.warnf("reading %s=%s as %s: %v", name, v, show(x), err)
+		return x
+	}
 	if err != nil {
 		e.warnf("ignoring %s=%s: %v; using the default %s", name, v, err, show(def))
 		return def

@@ -9,38 +9,52 @@ import (
 	"time"
 )
 
-// cInteger splits s the way C's strto*(…, 0) chooses a base: "0x"/"0X" hex,
-// a leading "0" octal, else decimal. The whole string must be digits of that
-// base (NCCL rejects trailing characters); Go's extras (underscores, 0b, 0o)
-// are not accepted, so a value means what it means to NCCL.
-func cInteger(s string) (neg bool, mag uint64, err error) {
-	if s == "" {
-		return false, 0, errSyntax
-	}
-	switch s[0] {
-	case '-':
+// cInteger reads s the way C's strto*(…, 0) does: an optional sign, then
+// "0x"/"0X" hex, a leading "0" octal, else decimal, as many digits of that
+// base as there are. rest is what follows them: NCCL (strtoll, checking only
+// errno) ignores it, so "22 # comment" in nccl.conf is 22 and "1.5" is 1.
+// No digit at all is errSyntax (NCCL would read 0; we keep the default and
+// say so); Go's extras (underscores, 0b, 0o) are not syntax, so a value
+// means what it means to NCCL.
+func cInteger(s string) (neg bool, mag uint64, rest string, err error) {
+	s = strings.TrimLeft(s, " \t\n\v\f\r") // as strtoll; values arrive trimmed anyway
+	switch {
+	case s == "":
+		return false, 0, "", errSyntax
+	case s[0] == '-':
 		neg, s = true, s[1:]
-	case '+':
+	case s[0] == '+':
 		s = s[1:]
 	}
 	base := 10
 	switch {
-	case len(s) > 1 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X'):
+	case len(s) > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') && digitOf(s[2], 16):
 		base, s = 16, s[2:]
-	case len(s) > 1 && s[0] == '0':
-		base, s = 8, s[1:]
+	case len(s) > 0 && s[0] == '0':
+		base = 8 // the 0 is a digit: "0x" alone, and "08", read as 0
 	}
-	if s == "" || strings.ContainsAny(s, "_+-") {
-		return neg, 0, errSyntax
+	n := 0
+	for n < len(s) && digitOf(s[n], base) {
+		n++
 	}
-	mag, err = strconv.ParseUint(s, base, 64)
-	if errors.Is(err, strconv.ErrRange) {
-		return neg, 0, errRange
+	if n == 0 {
+		return neg, 0, s, errSyntax
 	}
+	mag, err = strconv.ParseUint(s[:n], base, 64)
 	if err != nil {
-		return neg, 0, errSyntax
+		return neg, 0, s[n:], errRange
 	}
-	return neg, mag, nil
+	return neg, mag, s[n:], nil
+}
+
+func digitOf(c byte, base int) bool {
+	switch {
+	case c >= '0' && c <= '9':
+		return int(c-'0') < base
+	case base == 16 && (c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'):
+		return true
+	}
+	return false
 }
 
 var (
@@ -48,34 +62,56 @@ var (
 	errRange  = errors.New("out of range")
 )
 
+// TrailingError is what ParseInt, ParseUint64 and ParseBool return, with the
+// number, for a value NCCL reads only in part: the readers use the number
+// NCCL would use, and WARN about the text it ignores.
+type TrailingError struct {
+	Value, Ignored string
+}
+
+func (e *TrailingError) Error() string {
+	return fmt.Sprintf("NCCL reads only the number at the start of %q and ignores %q", e.Value, e.Ignored)
+}
+
+// ReadInPart reports whether err (from a Parse function) only says that text
+// after the number was ignored: the number returned with it is the value.
+func ReadInPart(err error) bool {
+	var t *TrailingError
+	return errors.As(err, &t)
+}
+
 // ParseInt reads s as NCCL reads an integer parameter (strtoll base 0):
-// decimal, 0x hex or 0-prefixed octal, with an optional sign.
+// decimal, 0x hex or 0-prefixed octal, with an optional sign. Text after the
+// number is ignored, as by NCCL, and reported with a *TrailingError.
 func ParseInt(s string) (int64, error) {
-	neg, mag, err := cInteger(s)
+	neg, mag, rest, err := cInteger(s)
 	if err != nil {
 		if err == errRange {
 			return 0, fmt.Errorf("%q is out of range for a 64-bit integer", s)
 		}
 		return 0, fmt.Errorf("%q is not an integer (decimal, 0x hex or 0-prefixed octal)", s)
 	}
-	if neg {
-		if mag > 1<<63 {
-			return 0, fmt.Errorf("%q is out of range for a 64-bit integer", s)
-		}
-		return -int64(mag), nil // -(1<<63) wraps to itself: correct
-	}
-	if mag > math.MaxInt64 {
+	var n int64
+	switch {
+	case neg && mag > 1<<63, !neg && mag > math.MaxInt64:
 		return 0, fmt.Errorf("%q is out of range for a 64-bit integer", s)
+	case neg:
+		n = -int64(mag) // -(1<<63) wraps to itself: correct
+	default:
+		n = int64(mag)
 	}
-	return int64(mag), nil
+	if rest != "" {
+		return n, &TrailingError{Value: s, Ignored: rest}
+	}
+	return n, nil
 }
 
 // ParseUint64 reads s as NCCL reads NCCL_SOCKET_MAGIC (strtoull base 0):
-// decimal, 0x hex or 0-prefixed octal, up to 2^64-1. Unlike strtoull it
-// refuses a minus sign (which C would silently wrap) and overflow (which C
-// would silently saturate).
+// decimal, 0x hex or 0-prefixed octal, up to 2^64-1, text after the number
+// ignored (*TrailingError). Unlike strtoull it refuses a minus sign (which C
+// would silently wrap) and overflow (which C would silently saturate).
 func ParseUint64(s string) (uint64, error) {
-	neg, mag, err := cInteger(s)
+	neg, mag, rest, err := cInteger(s)
 	switch {
 	case err == errRange:
 		return 0, fmt.Errorf("%q is larger than 2^64-1", s)
@@ -83,6 +119,8 @@ func ParseUint64(s string) (uint64, error) {
 		return 0, fmt.Errorf("%q is not an unsigned integer (decimal, 0x hex or 0-prefixed octal)", s)
 	case neg && mag != 0:
 		return 0, fmt.Errorf("%q is negative; expected an unsigned 64-bit integer", s)
+	case rest != "":
+		return mag, &TrailingError{Value: s, Ignored: rest}
 	}
 	return mag, nil
 }
@@ -98,10 +136,10 @@ func ParseBool(s string) (bool, error) {
 		return false, nil
 	}
 	n, err := ParseInt(s)
-	if err != nil {
+	if err != nil && !ReadInPart(err) {
 		return false, fmt.Errorf("%q is not a boolean (0 or 1, or true/false, yes/no, on/off)", s)
 	}
-	return n != 0, nil
+	return n != 0, err
 }
 
 // ParseDuration reads a bare number in unit (NCCL's own variables are plain

@@ -1,6 +1,7 @@
 package ncclenv
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -9,12 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// C's strtoll(s, &end, 0) with *end == '\0' required, as NCCL_PARAM reads.
+// C's strtoll(s, NULL, 0), as NCCL's ncclLoadParam reads (it checks only
+// errno): the number at the start, whatever follows it ignored.
 func TestParseIntIsStrtollBase0(t *testing.T) {
 	for in, want := range map[string]int64{
 		"0": 0, "42": 42, "-42": -42, "+7": 7,
 		"0x1f": 31, "0X1F": 31, "-0x10": -16,
 		"010": 8, "0777": 511, "00": 0, // a leading 0 is octal, as in C
+		" 5":                   5,
 		"9223372036854775807":  math.MaxInt64,
 		"-9223372036854775808": math.MinInt64,
 	} {
@@ -22,17 +25,32 @@ func TestParseIntIsStrtollBase0(t *testing.T) {
 		require.NoError(t, err, in)
 		assert.Equal(t, want, got, in)
 	}
-	for _, bad := range []string{"", "x", "0x", "08", "1_000", "0b101", "0o17", "12a", "1.5", "--1", "+-1", "9223372036854775808", "-9223372036854775809", "0x8000000000000000"} {
+	// What strtoll returns for these, and the text after its end pointer.
+	for in, want := range map[string]struct {
+		n    int64
+		rest string
+	}{
+		"22 # big fabric": {22, " # big fabric"}, "12a": {12, "a"}, "1.5": {1, ".5"},
+		"08": {0, "8"}, "0x": {0, "x"}, "0xZZ": {0, "xZZ"}, "1_000": {1, "_000"},
+		"0b101": {0, "b101"}, "0o17": {0, "o17"}, "-3 ": {-3, " "},
+	} {
+		got, err := ParseInt(in)
+		require.True(t, ReadInPart(err), "%q: %v", in, err)
+		assert.Equal(t, want.n, got, in)
+		assert.ErrorContains(t, err, fmt.Sprintf("ignores %q", want.rest))
+	}
+	for _, bad := range []string{"", "x", "--1", "+-1", "9223372036854775808", "-9223372036854775809", "0x8000000000000000"} {
 		_, err := ParseInt(bad)
-		assert.Error(t, err, "%q", bad)
+		require.Error(t, err, "%q", bad)
+		assert.False(t, ReadInPart(err), "%q", bad)
 	}
 	_, err := ParseInt("9223372036854775808")
 	assert.ErrorContains(t, err, "out of range")
-	_, err = ParseInt("12a")
+	_, err = ParseInt("abc")
 	assert.ErrorContains(t, err, "not an integer")
 }
 
-// NCCL_SOCKET_MAGIC: strtoull(env, &end, 0), whole string.
+// NCCL_SOCKET_MAGIC: strtoull(env, NULL, 0); what follows the number is ignored.
 func TestParseUint64IsStrtoull(t *testing.T) {
 	for in, want := range map[string]uint64{
 		"12345":                12345,
@@ -48,11 +66,15 @@ func TestParseUint64IsStrtoull(t *testing.T) {
 		require.NoError(t, err, in)
 		assert.Equal(t, want, got, in)
 	}
-	for _, bad := range []string{"", "0x", "0xZZ", "magic", "12a", "-1", "18446744073709551616", "0x10000000000000000"} {
+	for _, bad := range []string{"", "magic", "-1", "18446744073709551616", "0x10000000000000000"} {
 		_, err := ParseUint64(bad)
-		assert.Error(t, err, "%q", bad)
+		require.Error(t, err, "%q", bad)
+		assert.False(t, ReadInPart(err), "%q", bad)
 	}
-	_, err := ParseUint64("-1")
+	n, err := ParseUint64("0x5a # ours")
+	assert.True(t, ReadInPart(err))
+	assert.EqualValues(t, 0x5a, n)
+	_, err = ParseUint64("-1")
 	assert.ErrorContains(t, err, "negative")
 	_, err = ParseUint64("18446744073709551616")
 	assert.ErrorContains(t, err, "2^64-1")

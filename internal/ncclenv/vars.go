@@ -125,7 +125,10 @@ func (v *scalar[T]) GetFor(log Logger, prefix string) T {
 		return v.def
 	}
 	n, err := v.parse(s)
-	if err != nil {
+	switch {
+	case ReadInPart(err):
+		warn(log, prefix, "reading %s=%s as %s: %v", v.s.Name, s, v.show(n), err)
+	case err != nil:
 		warn(log, prefix, "ignoring %s=%s: %v; using the default %s", v.s.Name, s, err, v.show(v.def))
 		return v.def
 	}

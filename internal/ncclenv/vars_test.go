@@ -47,6 +47,9 @@ func TestIntVar(t *testing.T) {
 		{"0x100", 256, ""},
 		{"1048577", 16384, "NET/GoTest : ignoring NCCL_GO_TEST_INT=1048577: must be in [0, 1048576]; using 16384"},
 		{"lots", 16384, `NET/GoTest : ignoring NCCL_GO_TEST_INT=lots: "lots" is not an integer (decimal, 0x hex or 0-prefixed octal); using the default 16384`},
+		// nccl.conf keeps a trailing comment in the value; NCCL's strtoll stops
+		// before it, and so do we, saying what was ignored.
+		{"4096 # halved", 4096, `NET/GoTest : reading NCCL_GO_TEST_INT=4096 # halved as 4096: NCCL reads only the number at the start of "4096 # halved" and ignores " # halved"`},
 	} {
 		withEnv(t, map[string]string{"NCCL_GO_TEST_INT": c.val})
 		assert.Equal(t, c.want, tInt.Get(log), c.val)
@@ -57,6 +60,13 @@ func TestIntVar(t *testing.T) {
 			assert.Equal(t, []string{c.warn}, got)
 		}
 	}
+	// The number read still has to be in range.
+	withEnv(t, map[string]string{"NCCL_GO_TEST_INT": "2000000 # too big"})
+	assert.EqualValues(t, 16384, tInt.Get(log))
+	got := log.Take()
+	require.Len(t, got, 2)
+	assert.Contains(t, got[0], "reading NCCL_GO_TEST_INT=2000000 # too big as 2000000")
+	assert.Contains(t, got[1], "must be in [0, 1048576]; using 16384")
 	withEnv(t, map[string]string{"NCCL_GO_TEST_CLAMP": "500"})
 	assert.Equal(t, int64(128), tClamp.Get(log))
 	assert.Equal(t, []string{"NET/GoTest : ignoring NCCL_GO_TEST_CLAMP=500: must be in [1, 128]; using 128"}, log.Take())

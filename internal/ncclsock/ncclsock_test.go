@@ -261,9 +261,13 @@ func TestSharedSettings(t *testing.T) {
 	assert.Equal(t, Retry{Count: 0, Sleep: 2500 * time.Microsecond}, ReadRetry(log, "NET/GoIB"))
 	assert.Equal(t, ncclenv.IPv4, ReadFamily(log, "NET/GoIB"))
 	assert.Contains(t, log.String(), "NET/GoIB : ignoring NCCL_SOCKET_RETRY_CNT=-3: must be in [0, 2147483647]; using 0")
-	withEnv(t, map[string]string{"NCCL_SOCKET_MAGIC": "0x"})
+	withEnv(t, map[string]string{"NCCL_SOCKET_MAGIC": "magic"})
 	assert.Equal(t, uint64(DefaultMagic), ReadMagic(log, "NET/GoSocket"))
-	assert.Contains(t, log.String(), "NET/GoSocket : ignoring NCCL_SOCKET_MAGIC=0x")
+	assert.Contains(t, log.String(), "NET/GoSocket : ignoring NCCL_SOCKET_MAGIC=magic")
+	// strtoull reads "0x" as 0, and so do we, saying so.
+	withEnv(t, map[string]string{"NCCL_SOCKET_MAGIC": "0x"})
+	assert.Equal(t, uint64(0), ReadMagic(log, "NET/GoSocket"))
+	assert.Contains(t, log.String(), "NET/GoSocket : reading NCCL_SOCKET_MAGIC=0x as 0x0")
 }
 
 func TestSplitHostPort(t *testing.T) {
