@@ -24,7 +24,8 @@ func LookupEnv(name string) (string, bool) { return ncclenv.Lookup(name) }
 // integers (non-zero is on) or true/false, yes/no, on/off. Values are trimmed
 // and an empty value means unset. A malformed value is a WARN through Log,
 // prefixed with Prefix ("NET/MyFabric : ignoring NCCL_MYFABRIC_X=..."), and
-// the default is used. Read settings at set-up time (Init, Listen, Connect),
+// the default is used; text after a number (an nccl.conf comment) is ignored
+// as NCCL's strtoll ignores it, with a WARN. Read settings at set-up time (Init, Listen, Connect),
 // never on the data path, and never with os.Getenv.
 type Env struct {
 	Log    Logger // nil drops the WARNs
