@@ -25,8 +25,8 @@ var (
 	envLib      = env.String("NCCL_IBVERBS_LIB", ibv.DefaultLibrary, "libibverbs to dlopen")
 	envHCA      = env.List("NCCL_IB_HCA", ncclenv.MaxIBDevs, "HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
 	envGIDIndex = env.Int("NCCL_IB_GID_INDEX", -1, "RoCE GID index; -1 chooses automatically").ShowDefault("-1 (automatic)")
-	// NCCL compares the family exactly and ignores anything else; ib keeps
-	// its own, wider reading, and a bad value fails Init (docs/ib.md).
+	// NCCL compares the family exactly and reads anything else as AF_INET;
+	// so does ib, with a WARN (readAddrFamily).
 	envAddrFamily   = env.String("NCCL_IB_ADDR_FAMILY", "AF_INET", "address family of the automatically chosen RoCE GID")
 	envAddrRange    = env.String("NCCL_IB_ADDR_RANGE", "", "CIDR range the automatically chosen RoCE GID must lie in").ShowDefault("unset (any)")
 	envRoCEVersion  = env.Int("NCCL_IB_ROCE_VERSION_NUM", 2, "RoCE version of the automatically chosen GID")
@@ -175,13 +175,7 @@ func readGIDConfig(log nccl.Logger) (gidConfig, error) {
 		family:      4,
 		roceVersion: int(envRoCEVersion.Get(log)),
 	}
-	switch f := strings.ToUpper(envAddrFamily.Get()); f {
-	case "AF_INET", "INET", "IPV4":
-	case "AF_INET6", "INET6", "IPV6":
-		c.family = 6
-	default:
-		return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_FAMILY=%s is neither AF_INET nor AF_INET6", f)
-	}
+	c.family = readAddrFamily(log, envAddrFamily.Get())
 	if r := envAddrRange.Get(); r != "" {
 		p, err := netip.ParsePrefix(r)
 		if err != nil {
@@ -190,6 +184,29 @@ func readGIDConfig(log nccl.Logger) (gidConfig, error) {
 		c.addrRange, c.hasRange = p.Masked(), true
 	}
 	return c, nil
+}
+
+// readAddrFamily reads NCCL_IB_ADDR_FAMILY as NCCL's envIbAddrFamily does:
+// exactly "AF_INET6" is IPv6; exactly "AF_INET", empty or anything else is
+// IPv4. NCCL says nothing about a value it does not take; ib WARNs, naming
+// what to write, but goes on as NCCL does rather than failing Init (which
+// would move the job to sockets over a spelling).
+func readAddrFamily(log nccl.Logger, f string) int {
+	switch f {
+	case "", "AF_INET":
+		return 4
+	case "AF_INET6":
+		return 6
+	}
+	fix := "set NCCL_IB_ADDR_FAMILY=AF_INET6 for IPv6 GIDs, or unset it"
+	switch strings.ToUpper(f) {
+	case "AF_INET", "INET", "IPV4":
+		fix = "set NCCL_IB_ADDR_FAMILY=AF_INET or unset it"
+	case "AF_INET6", "INET6", "IPV6":
+		fix = "set NCCL_IB_ADDR_FAMILY=AF_INET6 for IPv6 GIDs"
+	}
+	log.Warnf("NET/GoIB : NCCL_IB_ADDR_FAMILY=%q is neither AF_INET nor AF_INET6 (NCCL compares the exact name): NCCL reads it as AF_INET, and so does ib; %s", f, fix)
+	return 4
 }
 
 // qos is a connection's traffic class and service level, and which setting

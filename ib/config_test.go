@@ -91,3 +91,33 @@ func TestConfigDeclared(t *testing.T) {
 	require.True(t, ok)
 	assert.NotEqual(t, "ib", s.Owner)
 }
+
+// NCCL's envIbAddrFamily compares NCCL_IB_ADDR_FAMILY with strcmp against
+// "AF_INET" and "AF_INET6"; anything else silently means AF_INET. ib reads it
+// the same way, WARNs about the value NCCL does not take, and never fails
+// Init over it (which would drop the job to sockets).
+func TestConfigAddrFamilyExact(t *testing.T) {
+	for _, tc := range []struct {
+		val    string
+		family int
+		warn   string
+	}{
+		{"AF_INET", 4, ""},
+		{"AF_INET6", 6, ""},
+		{"af_inet6", 4, `NET/GoIB : NCCL_IB_ADDR_FAMILY="af_inet6" is neither AF_INET nor AF_INET6 (NCCL compares the exact name): NCCL reads it as AF_INET, and so does ib; set NCCL_IB_ADDR_FAMILY=AF_INET6 for IPv6 GIDs`},
+		{"IPV6", 4, "set NCCL_IB_ADDR_FAMILY=AF_INET6 for IPv6 GIDs"},
+		{"inet", 4, "set NCCL_IB_ADDR_FAMILY=AF_INET or unset it"},
+		{"bogus", 4, `NCCL_IB_ADDR_FAMILY="bogus" is neither AF_INET nor AF_INET6`},
+	} {
+		setEnv(t, "NCCL_IB_ADDR_FAMILY", tc.val)
+		log := &captureLog{}
+		c, err := readConfig(log)
+		require.NoError(t, err, tc.val)
+		assert.Equal(t, tc.family, c.gid.family, tc.val)
+		if tc.warn == "" {
+			assert.Zero(t, log.count("WARN"), log.String())
+		} else {
+			assert.True(t, log.has(tc.warn), "%s: %s", tc.val, log.String())
+		}
+	}
+}
