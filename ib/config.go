@@ -155,9 +155,8 @@ func readConfig(log nccl.Logger) (config, error) {
 		log.Warnf("NET/GoIB : NCCL_GO_IB_CONNECT_TIMEOUT is no longer read: %s (now %v) bounds connection set-up like every other wait", timeout.Peer.Name(), c.setupLimit)
 	}
 	c.hca, c.hcaSpec = readHCAFilter(log)
-	var err error
-	c.gid, err = readGIDConfig(log)
-	return c, err
+	c.gid = readGIDConfig(log)
+	return c, nil
 }
 
 // gidConfig holds the RoCE GID selection settings (NCCL >= 2.21 semantics).
@@ -166,10 +165,11 @@ type gidConfig struct {
 	family      int // 4 or 6, from NCCL_IB_ADDR_FAMILY (AF_INET default)
 	addrRange   netip.Prefix
 	hasRange    bool
-	roceVersion int // NCCL_IB_ROCE_VERSION_NUM (2)
+	noMatch     bool // NCCL_IB_ADDR_RANGE with a negative mask: no GID is in range
+	roceVersion int  // NCCL_IB_ROCE_VERSION_NUM (2)
 }
 
-func readGIDConfig(log nccl.Logger) (gidConfig, error) {
+func readGIDConfig(log nccl.Logger) gidConfig {
 	c := gidConfig{
 		index:       int(envGIDIndex.Get(log)),
 		family:      4,
@@ -177,13 +177,100 @@ func readGIDConfig(log nccl.Logger) (gidConfig, error) {
 	}
 	c.family = readAddrFamily(log, envAddrFamily.Get())
 	if r := envAddrRange.Get(); r != "" {
-		p, err := netip.ParsePrefix(r)
-		if err != nil {
-			return c, nccl.Errorf(nccl.InvalidArgument, "NCCL_IB_ADDR_RANGE=%s is not a CIDR range (e.g. 10.0.0.0/8): %v", r, err)
-		}
-		c.addrRange, c.hasRange = p.Masked(), true
+		c.addrRange, c.hasRange, c.noMatch = readAddrRange(log, r, c.family)
 	}
-	return c, nil
+	return c
+}
+
+// readAddrRange reads NCCL_IB_ADDR_RANGE as NCCL's envIbAddrRange does,
+// for the family NCCL_IB_ADDR_FAMILY chose. The range is ignored (any GID
+// qualifies) when it has no '/', when the address is not one of that family
+// (inet_pton: a range of the other family, a zone, a typo), or when the mask
+// is larger than the family's. The mask is read as C's strtol reads it into
+// an int: "abc" or "" is 0 (any address), "24x" is 24, and a negative mask
+// matches no GID at all (noMatch), so automatic selection keeps index 0.
+// NCCL logs the first two cases at INFO and the others not at all; ib WARNs
+// about each, saying how NCCL reads the value, and never fails Init.
+func readAddrRange(log nccl.Logger, r string, family int) (p netip.Prefix, ok, noMatch bool) {
+	famName, bits := "AF_INET", 32
+	if family == 6 {
+		famName, bits = "AF_INET6", 128
+	}
+	s := r
+	if len(s) > 127 { // NCCL copies it into a char[128]
+		s = s[:127]
+	}
+	addrStr, maskStr, found := strings.Cut(s, "/")
+	if !found {
+		log.Warnf("NET/GoIB : ignoring NCCL_IB_ADDR_RANGE=%q: it has no \"/<mask>\", so NCCL ignores it, and so does ib; write it as <address>/<bits>, e.g. 10.0.0.0/8", r)
+		return p, false, false
+	}
+	a, err := netip.ParseAddr(addrStr)
+	switch {
+	case err == nil && a.Zone() == "" && (family == 4) == a.Is4():
+	case err == nil && a.Zone() == "" && family == 4:
+		log.Warnf("NET/GoIB : ignoring NCCL_IB_ADDR_RANGE=%q: it is an IPv6 range but NCCL_IB_ADDR_FAMILY is AF_INET, so NCCL ignores it, and so does ib; set NCCL_IB_ADDR_FAMILY=AF_INET6 to select IPv6 GIDs, or give an IPv4 range", r)
+		return p, false, false
+	case err == nil && a.Zone() == "":
+		log.Warnf("NET/GoIB : ignoring NCCL_IB_ADDR_RANGE=%q: it is an IPv4 range but NCCL_IB_ADDR_FAMILY is AF_INET6, so NCCL ignores it, and so does ib; unset NCCL_IB_ADDR_FAMILY to select IPv4 GIDs, or give an IPv6 range", r)
+		return p, false, false
+	default:
+		log.Warnf("NET/GoIB : ignoring NCCL_IB_ADDR_RANGE=%q: %q is not an %s address (NCCL_IB_ADDR_FAMILY), so NCCL ignores the range, and so does ib; write it as <address>/<bits>, e.g. 10.0.0.0/8", r, addrStr, famName)
+		return p, false, false
+	}
+	mask, clean := cStrtolInt(maskStr)
+	switch {
+	case mask > bits:
+		log.Warnf("NET/GoIB : ignoring NCCL_IB_ADDR_RANGE=%q: mask %d is larger than %d, so NCCL ignores the range, and so does ib; write the mask as 0 to %d bits", r, mask, bits, bits)
+		return p, false, false
+	case mask < 0:
+		log.Warnf("NET/GoIB : NCCL_IB_ADDR_RANGE=%q: NCCL reads the mask as %d, which matches no GID, so automatic selection keeps the port's GID index 0, and so does ib; write the mask as 0 to %d bits", r, mask, bits)
+		return p, false, true
+	case !clean:
+		what := "so the range is " + netip.PrefixFrom(a, mask).Masked().String()
+		if mask == 0 {
+			what = "so the range matches any address"
+		}
+		log.Warnf("NET/GoIB : NCCL_IB_ADDR_RANGE=%q: NCCL reads the mask %q as %d (strtol), %s, and so does ib; write the mask in decimal bits", r, maskStr, mask, what)
+	}
+	return netip.PrefixFrom(a, mask).Masked(), true, false
+}
+
+// cStrtolInt reads s as (int)strtol(s, NULL, 10) does on LP64: leading
+// white space, a sign, decimal digits up to the first other character (none:
+// 0), saturated to 64 bits, then truncated to 32. clean says that s was
+// a plain number with nothing after it, read as written.
+func cStrtolInt(s string) (n int, clean bool) {
+	i := 0
+	for i < len(s) && strings.IndexByte(" \t\n\v\f\r", s[i]) >= 0 {
+		i++
+	}
+	neg := false
+	if i < len(s) && (s[i] == '+' || s[i] == '-') {
+		neg = s[i] == '-'
+		i++
+	}
+	start := i
+	var v uint64
+	over := false
+	for ; i < len(s) && s[i] >= '0' && s[i] <= '9'; i++ {
+		if v > (math.MaxUint64-9)/10 {
+			over = true
+		}
+		v = v*10 + uint64(s[i]-'0')
+	}
+	var l int64
+	switch {
+	case !neg && (over || v > math.MaxInt64):
+		l = math.MaxInt64
+	case neg && (over || v > 1<<63):
+		l = math.MinInt64
+	case neg:
+		l = -int64(v)
+	default:
+		l = int64(v)
+	}
+	return int(int32(l)), i > start && i == len(s) && int64(int32(l)) == l
 }
 
 // readAddrFamily reads NCCL_IB_ADDR_FAMILY as NCCL's envIbAddrFamily does:

@@ -1,12 +1,14 @@
 package ib
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
@@ -116,6 +118,62 @@ func TestConfigAddrFamilyExact(t *testing.T) {
 		assert.Equal(t, tc.family, c.gid.family, tc.val)
 		if tc.warn == "" {
 			assert.Zero(t, log.count("WARN"), log.String())
+		} else {
+			assert.True(t, log.has(tc.warn), "%s: %s", tc.val, log.String())
+		}
+	}
+}
+
+// NCCL's envIbAddrRange ignores NCCL_IB_ADDR_RANGE (with an INFO, or
+// silently) when it has no '/', when the address does not parse for
+// NCCL_IB_ADDR_FAMILY (so a range of the other family is ignored), or when
+// the mask is larger than the family's; the mask is read with strtol, so
+// "/abc" is 0 (any address) and "/24x" is 24. ib reads it the same way,
+// WARNs about each, and never fails Init over it.
+func TestConfigAddrRangeAsNCCL(t *testing.T) {
+	v4 := func(s string) verbs.GID {
+		return verbs.GID(netip.AddrFrom16(netip.MustParseAddr(s).As16()).As16())
+	}
+	v6 := func(s string) verbs.GID { return verbs.GID(netip.MustParseAddr(s).As16()) }
+	for _, tc := range []struct {
+		family, val string
+		want        string // the range used; "" ignored, "none" matches no GID
+		warn        string
+	}{
+		{"", "10.0.0.0/8", "10.0.0.0/8", ""},
+		{"", "10.1.2.3/8", "10.0.0.0/8", ""},
+		{"", "10.0.0.0/ 8", "10.0.0.0/8", ""},
+		{"AF_INET6", "2001:db8::/32", "2001:db8::/32", ""},
+		{"", "10.0.0.0/0", "0.0.0.0/0", ""},
+		{"", "10.0.0.0", "", `NET/GoIB : ignoring NCCL_IB_ADDR_RANGE="10.0.0.0": it has no "/<mask>", so NCCL ignores it, and so does ib; write it as <address>/<bits>, e.g. 10.0.0.0/8`},
+		{"", "10.0.0/8", "", `ignoring NCCL_IB_ADDR_RANGE="10.0.0/8": "10.0.0" is not an AF_INET address (NCCL_IB_ADDR_FAMILY), so NCCL ignores the range, and so does ib`},
+		{"", "2001:db8::/32", "", `ignoring NCCL_IB_ADDR_RANGE="2001:db8::/32": it is an IPv6 range but NCCL_IB_ADDR_FAMILY is AF_INET, so NCCL ignores it, and so does ib; set NCCL_IB_ADDR_FAMILY=AF_INET6 to select IPv6 GIDs, or give an IPv4 range`},
+		{"AF_INET6", "10.0.0.0/8", "", `it is an IPv4 range but NCCL_IB_ADDR_FAMILY is AF_INET6`},
+		{"AF_INET6", "fe80::1%eth0/64", "", `"fe80::1%eth0" is not an AF_INET6 address`},
+		{"", "10.0.0.0/33", "", `ignoring NCCL_IB_ADDR_RANGE="10.0.0.0/33": mask 33 is larger than 32, so NCCL ignores the range, and so does ib`},
+		{"AF_INET6", "2001:db8::/129", "", `mask 129 is larger than 128`},
+		{"", "10.0.0.0/abc", "0.0.0.0/0", `NET/GoIB : NCCL_IB_ADDR_RANGE="10.0.0.0/abc": NCCL reads the mask "abc" as 0 (strtol), so the range matches any address, and so does ib; write the mask in decimal bits`},
+		{"", "10.0.0.0/", "0.0.0.0/0", `NCCL reads the mask "" as 0`},
+		{"", "10.0.0.0/24x", "10.0.0.0/24", `NCCL reads the mask "24x" as 24`},
+		{"", "10.0.0.0/4294967304", "10.0.0.0/8", `NCCL reads the mask "4294967304" as 8`},
+		{"", "10.0.0.0/-1", "none", `NCCL_IB_ADDR_RANGE="10.0.0.0/-1": NCCL reads the mask as -1, which matches no GID, so automatic selection keeps the port's GID index 0, and so does ib; write the mask as 0 to 32 bits`},
+	} {
+		setEnv(t, "NCCL_IB_ADDR_FAMILY", tc.family, "NCCL_IB_ADDR_RANGE", tc.val)
+		log := &captureLog{}
+		c, err := readConfig(log)
+		require.NoError(t, err, tc.val)
+		switch tc.want {
+		case "":
+			assert.False(t, c.gid.hasRange, tc.val)
+			assert.True(t, c.gid.inRange(v4("192.0.2.1")) && c.gid.inRange(v6("2001:db9::1")), tc.val)
+		case "none":
+			assert.False(t, c.gid.inRange(v4("10.0.0.1")) || c.gid.inRange(v6("2001:db8::1")), tc.val)
+		default:
+			assert.True(t, c.gid.hasRange, tc.val)
+			assert.Equal(t, tc.want, c.gid.addrRange.String(), tc.val)
+		}
+		if tc.warn == "" {
+			assert.Zero(t, log.count("WARN"), "%s: %s", tc.val, log.String())
 		} else {
 			assert.True(t, log.has(tc.warn), "%s: %s", tc.val, log.String())
 		}

@@ -69,7 +69,7 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 		return []diag.Port{{Why: "listing RDMA devices: " + err.Error()}}
 	}
 	filter, spec := readHCAFilter(nccl.DiscardLogger{})
-	gcfg, gerr := readGIDConfig(nccl.DiscardLogger{})
+	gcfg := readGIDConfig(nccl.DiscardLogger{})
 	var out []diag.Port
 	for _, name := range names {
 		ctx, err := p.Open(name)
@@ -109,8 +109,6 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 					pt.Why = fmt.Sprintf("port is %v, not ACTIVE", pa.State)
 				case pa.LinkLayer != verbs.LinkInfiniBand && pa.LinkLayer != verbs.LinkEthernet:
 					pt.Why = fmt.Sprintf("link layer %v is neither InfiniBand nor Ethernet", pa.LinkLayer)
-				case gerr != nil:
-					pt.Why = gerr.Error()
 				default:
 					gidIdx, gid, err = selectGID(ctx, t.fs, port, pa, gcfg)
 					if err != nil {

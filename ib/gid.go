@@ -23,7 +23,7 @@ func gidValid(g verbs.GID) bool {
 }
 
 func (c gidConfig) inRange(g verbs.GID) bool {
-	return !c.hasRange || c.addrRange.Contains(g.Addr())
+	return !c.noMatch && (!c.hasRange || c.addrRange.Contains(g.Addr()))
 }
 
 // selectGID picks the GID index of a port. IB ports use index 0; RoCE ports
