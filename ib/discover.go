@@ -113,6 +113,9 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca
 			t.log.Warnf("NET/GoIB : %s:%d skipped: %v", name, port, err)
 			continue
 		}
+		if gcfg.unroutable(pa.LinkLayer, d.gid) {
+			t.log.Warnf("%s", gcfg.unroutableWarning(name, port, d.gidIndex, d.gid))
+		}
 		if p, err := t.fs.PCIPath(name); err == nil {
 			d.fullPCIPath, d.pciPath = p, mergePCIPath(p, t.cfg.mergeVFs)
 		} else {

@@ -155,6 +155,39 @@ func TestRoCEGIDSelection(t *testing.T) {
 	assert.Equal(t, 3, tr.devs[0].gidIndex)
 }
 
+// NCCL's ncclIbGetGidIndex starts at index 0 and keeps it when no candidate
+// qualifies; it does not check the result. A RoCE port whose netdev has no
+// IP address so keeps its link-local GID at index 0, which works within one
+// L2 segment: the port is used, with a WARN, not skipped (which moved the
+// job to sockets).
+func TestRoCELinkLocalGIDFallback(t *testing.T) {
+	f := softnic.NewFabric()
+	ll := verbs.GID(netip.MustParseAddr("fe80::1").As16())
+	f.AddDevice(softnic.DeviceConfig{Name: "noip0", LinkLayer: verbs.LinkEthernet, GIDs: []softnic.GIDEntry{
+		{GID: ll, Type: "IB/RoCE v1"}, {GID: ll, Type: "RoCE v2"}}})
+	setEnv(t)
+	h := newHost(t, f, verbs.Features{}, "noip0")
+	require.Len(t, h.t.devs, 1, h.log.String())
+	assert.Equal(t, 0, h.t.devs[0].gidIndex)
+	assert.Equal(t, ll, h.t.devs[0].gid)
+	assert.True(t, h.log.has("NET/GoIB : noip0:1 has no routable IPv4 GID: using GID index 0 (fe80::1), a link-local GID, as NCCL does; it only reaches peers within one L2 segment. Give the port's netdev an IP address, or set NCCL_IB_GID_INDEX (or NCCL_IB_ADDR_FAMILY)"), h.log.String())
+}
+
+// NCCL's linkLocalGid is fe80::/64, not all of fe80::/10: fe80:0:0:1::5 is
+// a valid GID to NCCL, so its RoCE v2 entry wins over the link-local one.
+func TestRoCELinkLocalIsFe80Slash64(t *testing.T) {
+	f := softnic.NewFabric()
+	ll := verbs.GID(netip.MustParseAddr("fe80::1").As16())
+	site := verbs.GID(netip.MustParseAddr("fe80:0:0:1::5").As16())
+	f.AddDevice(softnic.DeviceConfig{Name: "fe80x0", LinkLayer: verbs.LinkEthernet, GIDs: []softnic.GIDEntry{
+		{GID: ll, Type: "IB/RoCE v1"}, {GID: site, Type: "IB/RoCE v1"}, {GID: site, Type: "RoCE v2"}}})
+	setEnv(t, "NCCL_IB_ADDR_FAMILY", "AF_INET6")
+	h := newHost(t, f, verbs.Features{}, "fe80x0")
+	require.Len(t, h.t.devs, 1, h.log.String())
+	assert.Equal(t, 2, h.t.devs[0].gidIndex, "fe80:0:0:1::5 is routable to NCCL: the RoCE v2 one wins")
+	assert.Zero(t, h.log.count("WARN"), h.log.String())
+}
+
 func TestRoCEEndToEnd(t *testing.T) {
 	setEnv(t, "NCCL_GO_IB_FORCE_FLUSH", "1", "NCCL_IB_TC", "106")
 	_, a, b := twoHosts(t, softnic.DeviceConfig{LinkLayer: verbs.LinkEthernet})

@@ -16,10 +16,15 @@ func gidFamily(g verbs.GID) int {
 	return 6
 }
 
-// gidValid rejects empty entries and link-local (fe80::/10) GIDs, which are
-// not routable for RoCE v2.
+// gidValid rejects empty entries and link-local GIDs, which are not routable
+// for RoCE v2. Link-local is NCCL's test (linkLocalGid): fe80::/64, the
+// prefix the kernel gives the netdev's own GID, not all of fe80::/10.
 func gidValid(g verbs.GID) bool {
-	return !g.IsZero() && !(g[0] == 0xfe && g[1]&0xc0 == 0x80)
+	return !g.IsZero() && !gidLinkLocal(g)
+}
+
+func gidLinkLocal(g verbs.GID) bool {
+	return g[0] == 0xfe && g[1] == 0x80 && g[2]|g[3]|g[4]|g[5]|g[6]|g[7] == 0
 }
 
 func (c gidConfig) inRange(g verbs.GID) bool {
@@ -31,7 +36,10 @@ func (c gidConfig) inRange(g verbs.GID) bool {
 // (IPv4 by default) inside NCCL_IB_ADDR_RANGE whose RoCE version is
 // NCCL_IB_ROCE_VERSION_NUM: in practice the first IPv4 RoCE v2 GID. GIDs whose
 // type sysfs refuses to report (EINVAL, not mapped into this namespace) are
-// skipped.
+// skipped. As in NCCL, the choice starts at index 0 and is kept when nothing
+// better qualifies, routable or not: a port whose netdev has no IP address
+// uses its link-local GID, which reaches peers within one L2 segment. The
+// callers WARN about that (unroutable).
 func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c gidConfig) (int, verbs.GID, error) {
 	dev := ctx.Name()
 	if attr.LinkLayer != verbs.LinkEthernet {
@@ -80,10 +88,31 @@ func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c 
 			cur, curIdx, curVer = g, i, ver
 		}
 	}
-	if !gidValid(cur) {
-		return curIdx, cur, fmt.Errorf("no routable GID on %s port %d (best was index %d, %v); give the netdev an IP address or set NCCL_IB_GID_INDEX", dev, port, curIdx, cur)
-	}
 	return curIdx, cur, nil
+}
+
+// unroutable says whether g, the automatic choice for a port with link
+// layer ll, is one NCCL keeps only because nothing better qualified: empty
+// or link-local.
+func (c gidConfig) unroutable(ll verbs.LinkLayer, g verbs.GID) bool {
+	return ll == verbs.LinkEthernet && c.index < 0 && !gidValid(g)
+}
+
+// unroutableWarning is the WARN for a port that unroutable holds for.
+func (c gidConfig) unroutableWarning(dev string, port, idx int, g verbs.GID) string {
+	fam, knobs := "IPv4", "NCCL_IB_ADDR_FAMILY"
+	if c.family == 6 {
+		fam = "IPv6"
+	}
+	where := ""
+	if c.hasRange || c.noMatch {
+		where, knobs = " in NCCL_IB_ADDR_RANGE", "NCCL_IB_ADDR_FAMILY/NCCL_IB_ADDR_RANGE"
+	}
+	what := "a link-local GID, as NCCL does; it only reaches peers within one L2 segment"
+	if g.IsZero() {
+		what = "an empty GID, as NCCL does; connections through this port will fail"
+	}
+	return fmt.Sprintf("NET/GoIB : %s:%d has no routable %s GID%s: using GID index %d (%v), %s. Give the port's netdev an IP address, or set NCCL_IB_GID_INDEX (or %s)", dev, port, fam, where, idx, g, what, knobs)
 }
 
 // resolveGID is the GID a new connection uses. NCCL scans the whole GID
@@ -109,6 +138,9 @@ func (d *device) resolveGID(t *Transport) (int, verbs.GID, error) {
 	}
 	if idx != d.gidIndex || g != d.gid {
 		t.log.Infof(nccl.SubsysNet, "NET/GoIB : %s: GID index %d (%v) now, %d (%v) before", d, idx, g, d.gidIndex, d.gid)
+		if t.cfg.gid.unroutable(d.attr.LinkLayer, g) {
+			t.log.Warnf("%s", t.cfg.gid.unroutableWarning(d.name, d.port, idx, g))
+		}
 	}
 	d.gidIndex, d.gid, d.gidStale = idx, g, false
 	return idx, g, nil
