@@ -846,18 +846,24 @@ func TestMetricsOffCountsNoConnections(t *testing.T) {
 	assert.Zero(t, s.ConnsClosed[metrics.Recv], "connections_closed_total counts")
 }
 
+// stallWarnPair connects a pair over a fake transport with a 20 ms
+// NCCL_GO_STALL_WARN, returning the send side.
+func stallWarnPair(t *testing.T, name string, prio int) (*captureSink, *commEntry, uintptr, *fakeSend) {
+	f := &fakeTransport{name: name, devs: 1}
+	reg := register(t, f, prio)
+	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": reg, "NCCL_GO_STALL_WARN": "0.02"})
+	_, res := netInit(10, false, -1)
+	require.Equal(t, nccl.Success, res)
+	send, _, sh, _ := connectPair(t)
+	return sink, send, sh, send.send.(*fakeSend)
+}
+
 // A send the transport keeps refusing (ib and shm wait for the receiver's
 // clear-to-send) is no request yet, so only this check can say that the
 // receiver posts nothing: WARN after NCCL_GO_STALL_WARN, backing off, counted
 // once as a stalled send, and a last line when a send is accepted again.
 func TestRefusedSendsAreReportedAsStalled(t *testing.T) {
-	f := &fakeTransport{name: "starved", devs: 1}
-	name := register(t, f, 4100)
-	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_STALL_WARN": "0.02"})
-	_, res := netInit(10, false, -1)
-	require.Equal(t, nccl.Success, res)
-	send, _, sh, _ := connectPair(t)
-	fs := send.send.(*fakeSend)
+	sink, send, sh, fs := stallWarnPair(t, "starved", 4100)
 	buf := make([]byte, 64)
 	fs.retry = true
 	isend := func() uintptr {
@@ -889,13 +895,7 @@ func TestRefusedSendsAreReportedAsStalled(t *testing.T) {
 // Refusals behind a request still in flight (socket's full send queue) are
 // that request's story, told by its own stall check: no refusal WARN.
 func TestRefusedSendsBehindAPendingOneAreNotReported(t *testing.T) {
-	f := &fakeTransport{name: "behind", devs: 1}
-	name := register(t, f, 4200)
-	sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_STALL_WARN": "0.02"})
-	_, res := netInit(10, false, -1)
-	require.Equal(t, nccl.Success, res)
-	send, _, sh, _ := connectPair(t)
-	fs := send.send.(*fakeSend)
+	sink, send, sh, fs := stallWarnPair(t, "behind", 4200)
 	buf := make([]byte, 64)
 	first, res := netIsend(sh, unsafe.Pointer(&buf[0]), 48, 0, 0, 0)
 	require.Equal(t, nccl.Success, res)
