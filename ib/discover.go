@@ -114,6 +114,13 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca
 			continue
 		}
 		if gcfg.unroutable(pa.LinkLayer, d.gid) {
+			if d.gid.IsZero() {
+				// NCCL would use it and every connection would fail; a
+				// port skipped leaves the other ports, or the socket
+				// fallback, to the job.
+				t.log.Warnf("NET/GoIB : %s:%d skipped: its GID table has no entry to use (index %d is empty); give the port's netdev an IP address, or set NCCL_IB_GID_INDEX", name, port, d.gidIndex)
+				continue
+			}
 			t.log.Warnf("%s", gcfg.unroutableWarning(name, port, d.gidIndex, d.gid))
 		}
 		if p, err := t.fs.PCIPath(name); err == nil {

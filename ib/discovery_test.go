@@ -173,6 +173,20 @@ func TestRoCELinkLocalGIDFallback(t *testing.T) {
 	assert.True(t, h.log.has("NET/GoIB : noip0:1 has no routable IPv4 GID: using GID index 0 (fe80::1), a link-local GID, as NCCL does; it only reaches peers within one L2 segment. Give the port's netdev an IP address, or set NCCL_IB_GID_INDEX (or NCCL_IB_ADDR_FAMILY)"), h.log.String())
 }
 
+// A RoCE port whose GID table holds nothing usable, not even a link-local
+// GID, is skipped: NCCL would use the empty entry and fail every connection.
+func TestRoCEEmptyGIDTableSkipsThePort(t *testing.T) {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "nogid0", LinkLayer: verbs.LinkEthernet, GIDs: []softnic.GIDEntry{
+		{GID: verbs.GID{}, Type: "IB/RoCE v1"}}})
+	f.AddDevice(softnic.DeviceConfig{Name: "good0", LinkLayer: verbs.LinkEthernet})
+	setEnv(t)
+	h := newHost(t, f, verbs.Features{}, "nogid0", "good0")
+	require.Len(t, h.t.devs, 1, h.log.String())
+	assert.Equal(t, "good0", h.t.devs[0].name)
+	assert.True(t, h.log.has("NET/GoIB : nogid0:1 skipped: its GID table has no entry to use (index 0 is empty)"), h.log.String())
+}
+
 // NCCL's linkLocalGid is fe80::/64, not all of fe80::/10: fe80:0:0:1::5 is
 // a valid GID to NCCL, so its RoCE v2 entry wins over the link-local one.
 func TestRoCELinkLocalIsFe80Slash64(t *testing.T) {
