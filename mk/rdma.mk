@@ -11,7 +11,7 @@
 # every skipped section a failure; RDMA_TIMEOUT bounds one guest run (seconds).
 RDMA_TESTS_DIR := $(BUILD)/rdma-tests
 RDMA_HARNESS_BIN ?= $(HARNESS)
-RDMA_TIMEOUT ?= 1800
+RDMA_TIMEOUT ?= 2400
 RDMA_GOTEST_FLAGS ?= -race
 RDMA_BENCH_TIMEOUT ?= 1500
 
