@@ -373,17 +373,7 @@ func TestWrongSecretIsRejectedAndTheRightPeerStillConnects(t *testing.T) {
 	// The file is still there and the genuine handle connects.
 	entries, _ := os.ReadDir(dir)
 	require.Len(t, entries, 1)
-	drive(t, "connect with the right secret", func() bool {
-		if sc == nil {
-			sc, err = tr.Connect(0, &h, nccl.ConnectOptions{})
-			require.NoError(t, err)
-		}
-		if rc == nil {
-			rc, err = l.Accept()
-			require.NoError(t, err)
-		}
-		return sc != nil && rc != nil
-	})
+	sc, rc = connectAccept(t, tr, l, &h)
 	require.NoError(t, sc.Close())
 	require.NoError(t, rc.Close())
 }

@@ -51,11 +51,22 @@ func connectPair(t *testing.T, tr *Transport) (*sendComm, *recvComm) {
 	var h nccl.Handle
 	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
+	sc, rc := connectAccept(t, tr, l, &h)
+	require.NoError(t, l.Close())
+	t.Cleanup(func() { _ = sc.Close(); _ = rc.Close() })
+	return sc.(*sendComm), rc.(*recvComm)
+}
+
+// connectAccept drives Connect to h and Accept on l, alternately as NCCL
+// does, until both are done.
+func connectAccept(t *testing.T, tr *Transport, l nccl.Listener, h *nccl.Handle) (nccl.SendComm, nccl.RecvComm) {
+	t.Helper()
 	var sc nccl.SendComm
 	var rc nccl.RecvComm
+	var err error
 	drive(t, "connect/accept", func() bool {
 		if sc == nil {
-			sc, err = tr.Connect(0, &h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+			sc, err = tr.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
 			require.NoError(t, err)
 		}
 		if rc == nil {
@@ -64,9 +75,7 @@ func connectPair(t *testing.T, tr *Transport) (*sendComm, *recvComm) {
 		}
 		return sc != nil && rc != nil
 	})
-	require.NoError(t, l.Close())
-	t.Cleanup(func() { _ = sc.Close(); _ = rc.Close() })
-	return sc.(*sendComm), rc.(*recvComm)
+	return sc, rc
 }
 
 func ptr(b []byte) unsafe.Pointer {

@@ -130,17 +130,7 @@ func TestSweepSparesLiveListeners(t *testing.T) {
 	sc, err = tr.Connect(0, &child, nccl.ConnectOptions{})
 	require.NoError(t, err)
 	require.Nil(t, sc, "the child is alive and never accepts: the connect waits")
-	drive(t, "connect to this process's listener", func() bool {
-		if sc == nil {
-			sc, err = tr.Connect(0, &own, nccl.ConnectOptions{})
-			require.NoError(t, err)
-		}
-		if rc == nil {
-			rc, err = l.Accept()
-			require.NoError(t, err)
-		}
-		return sc != nil && rc != nil
-	})
+	sc, rc = connectAccept(t, tr, l, &own)
 	require.NoError(t, sc.Close())
 	require.NoError(t, rc.Close())
 }
