@@ -21,8 +21,7 @@ func (e *commEntry) postReq(idx int, id nccl.Request, flush bool, n int, size in
 	r.id, r.active, r.flush, r.stalled, r.n, r.size = id, true, flush, false, int32(n), size
 	if e.counting || e.stallWarn > 0 {
 		r.start = clock.Now()
-		r.nextWarn = r.start + e.stallWarn
-		r.period = e.stallWarn
+		r.warn.start(r.start, e.stallWarn)
 	}
 	if e.counting {
 		e.m.RequestPosted(e.dir())
@@ -337,8 +336,7 @@ func netTest(req uintptr, sizes *int32) (done bool, res nccl.Result) {
 type sendWait struct {
 	since    int64  // clock at the run's first refusal whose time was read; 0: no run
 	refusals uint32 // in this run; the clock is read every waitClockEvery
-	nextWarn int64
-	period   int64
+	warn     stallSchedule
 	warned   bool
 	size     int64 // of the send being refused, for the WARN
 }
@@ -353,11 +351,11 @@ func (e *commEntry) waitRefused(size int64) {
 	}
 	t := clock.Now()
 	if w.since == 0 {
-		w.since, w.size, w.period = t, size, e.stallWarn
-		w.nextWarn = t + e.stallWarn
+		w.since, w.size = t, size
+		w.warn.start(t, e.stallWarn)
 		return
 	}
-	if t < w.nextWarn {
+	if !w.warn.due(t) {
 		return
 	}
 	if !w.warned {
@@ -368,8 +366,6 @@ func (e *commEntry) waitRefused(size int64) {
 	}
 	log.Warnf("NET/Go : send of %d bytes to %s (device %s) refused by the transport for %.1fs: the receiver has not posted a receive for it; the peer may be stuck or gone (NCCL_GO_STALL_WARN sets this threshold)",
 		w.size, e.peer, e.deviceName(), float64(t-w.since)/1e9)
-	w.period = min(2*w.period, maxStallPeriod)
-	w.nextWarn = t + w.period
 }
 
 // waitOver ends a run of refusals: an isend was accepted.
@@ -387,7 +383,7 @@ const stallCheckEvery = 32
 
 func (e *commEntry) checkStall(r *reqState) {
 	t := clock.Now()
-	if t < r.nextWarn {
+	if !r.warn.due(t) {
 		return
 	}
 	if !r.stalled {
@@ -398,9 +394,21 @@ func (e *commEntry) checkStall(r *reqState) {
 	}
 	log.Warnf("NET/Go : %s request of %d bytes with %s (device %s) pending for %.1fs; the peer may be stuck or gone (NCCL_GO_STALL_WARN sets this threshold)",
 		e.dir(), r.size, e.peer, e.deviceName(), float64(t-r.start)/1e9)
-	r.period *= 2
-	if r.period > maxStallPeriod {
-		r.period = maxStallPeriod
+}
+
+// stallSchedule is when a stall WARN is due: first NCCL_GO_STALL_WARN after
+// the start, then at doubling intervals up to maxStallPeriod. Shared by
+// pending requests and runs of refused sends.
+type stallSchedule struct{ next, period int64 }
+
+func (s *stallSchedule) start(t, first int64) { s.next, s.period = t+first, first }
+
+// due reports whether a WARN is due at t and, if so, schedules the next.
+func (s *stallSchedule) due(t int64) bool {
+	if t < s.next {
+		return false
 	}
-	r.nextWarn = t + r.period
+	s.period = min(2*s.period, maxStallPeriod)
+	s.next = t + s.period
+	return true
 }

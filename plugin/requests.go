@@ -60,18 +60,17 @@ func reqCapacity(maxRecvs int) int {
 
 // reqState is the glue's view of one in-flight request.
 type reqState struct {
-	id       nccl.Request // the transport's request
-	gen      uint16       // generation of this slot (see requestHandle)
-	active   bool
-	flush    bool
-	stalled  bool
-	events   int8  // profiler events started (0..maxProfEvents)
-	polls    uint8 // tests while pending, mod 256 (paces the stall check)
-	n        int32 // buffers of a grouped receive
-	size     int64 // bytes posted (send) or capacity (receive)
-	start    int64 // clock at post
-	nextWarn int64 // stall WARN schedule
-	period   int64
+	id      nccl.Request // the transport's request
+	gen     uint16       // generation of this slot (see requestHandle)
+	active  bool
+	flush   bool
+	stalled bool
+	events  int8  // profiler events started (0..maxProfEvents)
+	polls   uint8 // tests while pending, mod 256 (paces the stall check)
+	n       int32 // buffers of a grouped receive
+	size    int64 // bytes posted (send) or capacity (receive)
+	start   int64 // clock at post
+	warn    stallSchedule
 }
 
 // reqTable is a comm's request slots and the stack of free ones
