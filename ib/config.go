@@ -279,11 +279,10 @@ func cStrtolInt(s string) (n int, clean bool) {
 // what to write, but goes on as NCCL does rather than failing Init (which
 // would move the job to sockets over a spelling).
 func readAddrFamily(log nccl.Logger, f string) int {
-	switch f {
-	case "", "AF_INET":
-		return 4
-	case "AF_INET6":
+	if fam, err := ncclenv.ParseFamily(f); err == nil && fam == ncclenv.IPv6 {
 		return 6
+	} else if f == "" || err == nil {
+		return 4
 	}
 	fix := "set NCCL_IB_ADDR_FAMILY=AF_INET6 for IPv6 GIDs, or unset it"
 	switch strings.ToUpper(f) {
