@@ -213,7 +213,6 @@ func (s *sendComm) post(slot, nreqs int) error {
 	nq := s.nDataQPs
 	for r := 0; r < nreqs; r++ {
 		req := s.req(slot, r)
-		req.pending = nq
 		if nreqs > 1 {
 			if req.truncated {
 				s.sizes[slot][r] = -int32(req.size) - 1
