@@ -366,7 +366,7 @@ func TestWrongSecretIsRejectedAndTheRightPeerStillConnects(t *testing.T) {
 	rc, err := l.Accept()
 	require.NoError(t, err)
 	require.Nil(t, rc, "a wrong proof is not accepted")
-	sc, err = tr.Connect(0, &forged, nccl.ConnectOptions{})
+	_, err = tr.Connect(0, &forged, nccl.ConnectOptions{})
 	require.Error(t, err)
 	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
 	assert.Contains(t, err.Error(), "secret")
