@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -172,6 +173,7 @@ func (t *Transport) dialRetry(addr netip.AddrPort, deadline time.Time) (net.Conn
 		if err == nil {
 			if tc, ok := c.(*net.TCPConn); ok {
 				_ = tc.SetNoDelay(true)
+				_ = forkguard.TrackConn(tc) // the peer's liveness: see forkguard
 			}
 			return c, nil
 		}

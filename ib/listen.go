@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -27,7 +28,9 @@ func (t *Transport) Listen(dev int, handle *nccl.Handle) (nccl.Listener, error) 
 	if err != nil {
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : listen on %s (%v): %w; set NCCL_SOCKET_IFNAME to a usable interface", t.oobName, t.oobAddr, err)
 	}
-	l := newListener(t, devs, ln)
+	// A forked child of the host must not keep the port, or the handshake
+	// connections (the peers' liveness), open after this rank is gone.
+	l := newListener(t, devs, forkguard.Listener(ln))
 	t.life.mu.Lock()
 	closing := t.life.closing
 	if !closing {

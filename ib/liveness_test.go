@@ -2,6 +2,7 @@ package ib
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -212,4 +214,22 @@ func TestKeepAliveFollowsTimeout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A child forked from the host process (a DataLoader worker) must not hold
+// the kept handshake connections: while it did, this rank's death or close
+// sent the peer no FIN, and the peer's liveness check saw a live peer.
+func TestForkedChildDropsHandshakeConnections(t *testing.T) {
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, rc := connectPair(t, a, 0, b, 0)
+	var fds []int
+	for _, c := range []*net.TCPConn{sc.watch.conn, rc.watch.conn} {
+		require.NotNil(t, c, "the comm keeps its handshake connection")
+		raw, err := c.SyscallConn()
+		require.NoError(t, err)
+		require.NoError(t, raw.Control(func(fd uintptr) { fds = append(fds, int(fd)) }))
+	}
+	open, err := forkguard.OpenInChild(fds)
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, false}, open, "the child still holds the sender's / receiver's handshake connection")
 }

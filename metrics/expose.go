@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -210,7 +211,9 @@ func (e *exporter) listen(base int64, bind string) {
 	}
 	e.addr = ln.Addr().String()
 	e.serveErr = make(chan error, 1)
-	go func() { e.serveErr <- e.server.Serve(ln) }()
+	// The port must be free again when this rank dies, even if it forked
+	// children (forkguard).
+	go func() { e.serveErr <- e.server.Serve(forkguard.Listener(ln)) }()
 	e.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : metrics: serving http://%s/metrics (local rank %d)", e.addr, e.localRank)
 }
 

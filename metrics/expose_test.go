@@ -18,7 +18,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 )
 
@@ -385,4 +387,46 @@ func TestTwoProcessesWithOneLocalRankDoNotCollide(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A child forked from the host process (a DataLoader worker) must not keep
+// the endpoint's port: while it did, a restarted rank could not bind it, and
+// the kernel accepted scrapes that nobody served.
+func TestForkedChildDropsTheEndpoint(t *testing.T) {
+	stopAll(t)
+	port := freePort(t)
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port), "LOCAL_RANK": "0"})
+	Start(&recLogger{}, testInfo)
+	defer Stop()
+	client, err := net.Dial("tcp", currentExporter(t).addr)
+	require.NoError(t, err)
+	defer client.Close()
+
+	// This process's descriptors whose local port is the endpoint's: the
+	// listener and, once the server accepted it, the client's connection.
+	ours := func() []int {
+		var fds []int
+		ents, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		for _, e := range ents {
+			fd, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if sa, err := unix.Getsockname(fd); err == nil {
+				if in4, ok := sa.(*unix.SockaddrInet4); ok && in4.Port == port {
+					fds = append(fds, fd)
+				}
+			}
+		}
+		return fds
+	}
+	var fds []int
+	for deadline := time.Now().Add(5 * time.Second); len(fds) < 2 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		fds = ours()
+	}
+	require.Len(t, fds, 2, "the listener and the accepted connection")
+	open, err := forkguard.OpenInChild(fds)
+	require.NoError(t, err)
+	assert.Equal(t, []bool{false, false}, open)
 }

@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
@@ -206,7 +207,7 @@ func (op *connectOp) dial(i int, t int64) {
 			err = setNoDelay(fd)
 		}
 		if err != nil {
-			unix.Close(fd)
+			forkguard.Close(fd)
 		}
 	}
 	if err != nil {
@@ -241,7 +242,7 @@ func (op *connectOp) connected(i int, t int64) {
 
 func (op *connectOp) attemptFailed(i int, err error, t int64) {
 	s := &op.socks[i]
-	unix.Close(s.fd)
+	forkguard.Close(s.fd)
 	s.fd = -1
 	op.lastErr = err
 	if retryable(err) && s.attempt < op.pol.Count {
@@ -260,7 +261,7 @@ func (op *connectOp) attemptFailed(i int, err error, t int64) {
 func (op *connectOp) finish(err error) {
 	for i := range op.socks {
 		if s := &op.socks[i]; s.fd >= 0 {
-			unix.Close(s.fd)
+			forkguard.Close(s.fd)
 			s.fd = -1
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -670,4 +671,29 @@ func TestListenerCloseRightAfterAccept(t *testing.T) {
 		r.Close()
 	}
 	assert.NotContains(t, log.String(), "WARN")
+}
+
+// A child forked from the host process (a DataLoader worker) must not hold
+// the connection's or the listener's sockets: while it did, this rank's death
+// or close sent the peer no FIN, the kernel kept answering the liveness
+// stream, and the peer waited for a rank that was gone.
+func TestForkedChildDropsEverySocket(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "1", envNSocks: "2"})
+	tr := initLoopback(t, &captureLog{})
+	var h nccl.Handle
+	l, err := tr.Listen(0, &h)
+	require.NoError(t, err)
+	defer l.Close()
+	sc, rc := connectAccept(t, tr, l, h)
+	defer sc.Close()
+	defer rc.Close()
+	fds := []int{l.(*listener).fd}
+	for _, c := range []*core{&sc.(*sendComm).core, &rc.(*recvComm).core} {
+		require.Len(t, c.streams, 2)
+		fds = append(fds, c.ctrl, c.live.fd, c.streams[0].fd, c.streams[1].fd)
+	}
+	open, err := forkguard.OpenInChild(fds)
+	require.NoError(t, err)
+	assert.Equal(t, make([]bool, len(fds)), open,
+		"open in the child (listener; send ctrl, liveness, data x2; recv ctrl, liveness, data x2)")
 }

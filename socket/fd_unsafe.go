@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 )
 
 // Every socket of the transport is a raw non-blocking descriptor that this
@@ -46,6 +48,10 @@ func newSocket(ap netip.AddrPort, o sockOpts) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	// A child forked from the host process must not keep this connection
+	// open after we close it or die. Best effort: its failure (ENOMEM in
+	// pthread_atfork) only leaves the socket as it was before this existed.
+	_ = forkguard.Track(fd)
 	if o.sndBuf > 0 {
 		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, o.sndBuf)
 	}
@@ -53,7 +59,7 @@ func newSocket(ap netip.AddrPort, o sockOpts) (int, error) {
 		err = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, o.rcvBuf)
 	}
 	if err != nil {
-		unix.Close(fd)
+		forkguard.Close(fd)
 		return -1, err
 	}
 	return fd, nil

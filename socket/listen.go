@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -85,13 +86,13 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 			err = unix.Listen(fd, unix.SOMAXCONN)
 		}
 		if err != nil {
-			unix.Close(fd)
+			forkguard.Close(fd)
 		}
 	}
 	var sa unix.Sockaddr
 	if err == nil {
 		if sa, err = unix.Getsockname(fd); err != nil {
-			unix.Close(fd)
+			forkguard.Close(fd)
 		}
 	}
 	if err != nil {
@@ -104,14 +105,14 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 	l.info = handleInfo{magic: magic(t.log), version: protoVersion, addr: netip.AddrPortFrom(d.addr.WithZone(""), port),
 		streams: streams, minChunk: minChunk(t.log)}
 	if _, err := rand.Read(l.info.secret[:]); err != nil {
-		unix.Close(fd)
+		forkguard.Close(fd)
 		return nil, nccl.Errorf(nccl.SystemError, "reading random bytes: %w", err)
 	}
 	encodeHandle(h, &l.info)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.ready {
-		unix.Close(fd)
+		forkguard.Close(fd)
 		return nil, nccl.Errorf(nccl.InternalError, "socket transport finalized")
 	}
 	t.listeners[l] = struct{}{}
@@ -143,6 +144,9 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 func (l *listener) acceptNew(t int64) error {
 	for i := 0; i < acceptBatch; i++ {
 		fd, sa, err := unix.Accept4(l.fd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		if err == nil {
+			_ = forkguard.Track(fd) // see newSocket
+		}
 		switch {
 		case err == unix.EAGAIN:
 			return nil
@@ -164,7 +168,7 @@ func (l *listener) acceptNew(t int64) error {
 			g := l.greeting[0]
 			l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: %d connections are already "+
 				"waiting to say hello", g.peer, l.addr, maxGreeting)
-			unix.Close(g.fd)
+			forkguard.Close(g.fd)
 			l.greeting = l.greeting[1:]
 		}
 		l.greeting = append(l.greeting, &greeting{fd: fd, peer: addrPortOf(sa).String(), since: t})
@@ -196,7 +200,7 @@ func (l *listener) readHellos(t int64) {
 			keep = append(keep, g)
 			continue
 		}
-		unix.Close(g.fd)
+		forkguard.Close(g.fd)
 	}
 	clear(l.greeting[len(keep):])
 	l.greeting = keep
@@ -230,7 +234,7 @@ func (l *listener) file(g *greeting, t int64) {
 		}
 	}
 	if bad != helloOK || err != nil {
-		unix.Close(g.fd)
+		forkguard.Close(g.fd)
 		return
 	}
 	in := l.conns[m.connID]
@@ -251,7 +255,7 @@ func (l *listener) file(g *greeting, t int64) {
 	}
 	if *slot >= 0 {
 		l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding a second stream %d of connection %#x from %s", m.index, m.connID, g.peer)
-		unix.Close(g.fd)
+		forkguard.Close(g.fd)
 		return
 	}
 	*slot = g.fd
@@ -290,9 +294,9 @@ func (l *listener) Close() error {
 		return nil
 	}
 	l.closed = true
-	unix.Close(l.fd)
+	forkguard.Close(l.fd)
 	for _, g := range l.greeting {
-		unix.Close(g.fd)
+		forkguard.Close(g.fd)
 	}
 	l.greeting = nil
 	for id, in := range l.conns {

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -50,7 +51,7 @@ type conns struct {
 func (c conns) close() {
 	for _, fd := range append([]int{c.ctrl, c.beat}, c.data...) {
 		if fd >= 0 {
-			unix.Close(fd)
+			forkguard.Close(fd)
 		}
 	}
 }
@@ -178,10 +179,10 @@ func (c *core) close() error {
 	for _, h := range c.helpers {
 		unix.Close(h.evfd)
 	}
-	unix.Close(c.ctrl)
-	unix.Close(c.live.fd)
+	forkguard.Close(c.ctrl)
+	forkguard.Close(c.live.fd)
 	for _, s := range c.streams {
-		unix.Close(s.fd)
+		forkguard.Close(s.fd)
 	}
 	return nil
 }
