@@ -70,6 +70,7 @@ typedef struct {
   const char* cmd;      /* --fault cmd: shell command */
   int fault_after;      /* inject once the receiver completed this many messages (transfer) */
   double kill_spread;   /* kill: inject at a random point in [0, spread] s after the transfer starts */
+  double fork_child;    /* > 0: once connected, each rank forks a child that lives this long (a DataLoader worker) */
   bool expect_error;    /* transfer: the fault must end the transfer on both ranks within --within */
   int tcp_streams;      /* transfer: plain-TCP baseline over the same path (0: none, -1: as many as the plugin opened) */
   double tcp_secs;      /* transfer: the baseline runs this long at most */
@@ -900,6 +901,26 @@ static int scenario_rank(rank_t* r, void* arg) {
 
 /* ------------------------------------------------ transfer-like ranks */
 
+/* What a framework does once NCCL is up: PyTorch's DataLoader forks its
+ * workers (the default start method), a checkpoint writer forks. The child
+ * inherits every descriptor of the rank, the plugin's sockets included, never
+ * calls the plugin, does not die with its parent (a worker notices its
+ * parent's death only seconds later), and exits after `secs`. Its stdio goes
+ * to /dev/null so that nobody reading the rank's output waits for it. */
+static void fork_lingering_child(double secs) {
+  pid_t pid = fork();
+  if (pid != 0) return; /* the parent, or fork failed: the scenario runs without it */
+  signal(SIGALRM, SIG_DFL);
+  int null = open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+  }
+  alarm((unsigned)ceil(secs));
+  for (;;) pause();
+}
+
 /* slow-recv, kill and transfer: connect, move data, let the injector do its
  * work, record what each side saw. */
 static int xfer_rank(rank_t* r, fctx_t* c, rstate_t* st) {
@@ -911,6 +932,7 @@ static int xfer_rank(rank_t* r, fctx_t* c, rstate_t* st) {
     net_close_listen(&st->n, st->l.lc);
     st->l.lc = NULL;
   }
+  if (o->fork_child > 0) fork_lingering_child(o->fork_child);
   x->size = o->size;
   x->iters = o->iters;
   x->until_error = o->scenario == SC_KILL;
@@ -1375,6 +1397,8 @@ static void usage_faults(FILE* out) {
           "  --within SEC       the bound a failure must be detected in (see above)\n"
           "  --fault stop|cmd   --victim recv|send   --cmd 'SHELL COMMAND'   --fault-after N (default iters/4)\n"
           "  --kill-spread SEC  kill: inject within this long after the transfer started (default 0.3)\n"
+          "  --fork-child SEC   once connected, each rank forks a child that holds its descriptors for SEC s and\n"
+          "                     outlives it, as a DataLoader worker does: the kill bound must hold all the same\n"
           "  --expect ok|error  --tcp-streams N|auto  --tcp-secs SEC (default 15)\n"
           "  --seed N           randomness (kill points, abort timing, garbage); printed, default from the clock\n"
           "  --timeout SEC      watchdog for one run / one trial (default: enough for the scenario)\n"
@@ -1425,7 +1449,7 @@ static int parse_faults(int argc, char** argv, fopts_t* o) {
       {"--iters", 1, 1e6, &iters},          {"--trials", 1, 1e6, &trials},      {"--rounds", 1, 1e7, &rounds},
       {"--strays", 1, 16, &strays},         {"--hold", 0, 3600, &hold},         {"--within", 0.001, 3600, &within},
       {"--fault-after", 0, 1e6, &after},    {"--kill-spread", 0, 60, &spread},  {"--timeout", 1, 86400, &lim},
-      {"--tcp-secs", 0.1, 3600, &o->tcp_secs},
+      {"--tcp-secs", 0.1, 3600, &o->tcp_secs}, {"--fork-child", 0, 3600, &o->fork_child},
   };
   static char nsbuf[512];
   for (int i = 3; i < argc; i++) {

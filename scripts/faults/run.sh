@@ -57,9 +57,9 @@ CTL=$RUN/impair.sock
 NOWHERE_MAC=02:00:5e:00:53:01 # locally administered; no interface has it
 NETNS=(--netns "$NS_A,$NS_B")
 
-SCENARIOS=(path-veth path-relay slow-recv-0 slow-recv-4 slow-link kill kill-4 connect-refused connect-blackhole
+SCENARIOS=(path-veth path-relay slow-recv-0 slow-recv-4 slow-link kill kill-4 kill-forked connect-refused connect-blackhole
   impaired impaired-4 link-down link-down-timeout cable-cut cable-cut-timeout cable-cut-short freeze-recv freeze-send stray
-  abort-v12 abort-v10 shm-slow-recv shm-kill shm-freeze-recv shm-abort)
+  abort-v12 abort-v10 shm-slow-recv shm-kill shm-kill-forked shm-freeze-recv shm-abort)
 if [ $LIST = 1 ]; then printf '%s\n' "${SCENARIOS[@]}"; exit 0; fi
 
 log() { echo "test-faults: $*"; }
@@ -241,6 +241,10 @@ sc_slow-link() {
 }
 sc_kill() { run_step kill 600 $VETH NCCL_GO_TIMEOUT=2 -- kill "${NETNS[@]}" --trials "$KILL_TRIALS"; }
 sc_kill-4() { run_step kill-4 600 $VETH NCCL_GO_TIMEOUT=2 "${STREAMS4[@]}" -- kill "${NETNS[@]}" --trials $((KILL_TRIALS / 4 + 1)); }
+# Each rank forks a child that outlives it by up to 30 s holding every
+# descriptor it inherited (a DataLoader worker): the kill must still be seen
+# within the bound, so the child must not hold the rank's sockets.
+sc_kill-forked() { run_step kill-forked 600 $VETH NCCL_GO_TIMEOUT=2 -- kill "${NETNS[@]}" --trials $((KILL_TRIALS / 4 + 1)) --fork-child 30; }
 sc_connect-refused() { run_step connect-refused 120 $VETH NCCL_GO_TIMEOUT=3 -- connect-refused "${NETNS[@]}" --within 6; }
 # The sender (faults-b) reaches the listener's address through a neighbour
 # entry for a MAC nobody has: its SYNs leave and vanish, nothing answers.
@@ -300,6 +304,7 @@ sc_shm-slow-recv() {
   STEP_PLUGIN=$SHM_PLUGIN run_step shm-slow-recv 120 NCCL_GO_TIMEOUT=2 -- slow-recv --size 16M --hold 6
 }
 sc_shm-kill() { STEP_PLUGIN=$SHM_PLUGIN run_step shm-kill 300 NCCL_GO_TIMEOUT=2 -- kill --trials $((KILL_TRIALS / 5 + 1)); }
+sc_shm-kill-forked() { STEP_PLUGIN=$SHM_PLUGIN run_step shm-kill-forked 300 NCCL_GO_TIMEOUT=2 -- kill --trials $((KILL_TRIALS / 5 + 1)) --fork-child 30; }
 sc_shm-freeze-recv() {
   STEP_PLUGIN=$SHM_PLUGIN run_step shm-freeze-recv 120 NCCL_GO_TIMEOUT=2 -- transfer --size 16M --iters 16 --fault stop \
     --victim recv --hold 6
