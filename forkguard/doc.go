@@ -23,4 +23,10 @@
 // file of its own between Track and fork is never touched. exec needs none
 // of this where sockets are opened close-on-exec, as Go's net package and
 // this repository's SOCK_CLOEXEC sockets are.
+//
+// Cost: nothing on the data path (tracking happens at set-up and close, one
+// fstat each); in the child, one fstat and one close per tracked socket. On
+// the 2-core CI VM a fork of a test process took 3.5-3.8 ms, and 6.7-7.2 ms
+// with 1,000 tracked sockets: about 3.3 us per socket
+// (go test -run XXX -bench Fork -benchtime 300x ./forkguard).
 package forkguard
