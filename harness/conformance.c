@@ -1328,7 +1328,7 @@ static int chk_close_outstanding(conf_t* c) {
 static uint64_t killed_word(size_t off) { return 0x6b696c6c65640000ull ^ (uint64_t)off; }
 
 /* Rank 1 dies (SIGKILL) right after starting a large send, with a large
- * receive of rank 0's data posted. Rank 0's receive must fail within the
+ * receive of rank 0's data posted, leaving a forked child behind. Rank 0's receive must fail within the
  * deadline, unless every byte landed: an RDMA NIC may carry out writes
  * already posted while their process is being killed (our reading of one
  * completed receive over Soft-RoCE in the lane, 2026-11-26), and then the
@@ -1358,6 +1358,11 @@ static int chk_peer_killed(conf_t* c) {
     int d;
     net_test(&c->n, sq, &d, NULL);
     net_test(&c->n, rq, &d, NULL);
+    /* As in a PyTorch job: a DataLoader worker forked after init, holding
+     * every descriptor of this rank, outlives it, here past the check's
+     * deadline. The peer must see the death all the same (until forkguard
+     * it saw a live peer until the child exited). */
+    fork_lingering_child(r->timeout + 30);
     /* Report first: the parent expects this rank to die here. */
     atomic_store(&r->shm->expect_death[1], 1);
     atomic_store(&r->shm->res[1][r->check].state, RES_PASS);

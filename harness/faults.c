@@ -901,26 +901,6 @@ static int scenario_rank(rank_t* r, void* arg) {
 
 /* ------------------------------------------------ transfer-like ranks */
 
-/* What a framework does once NCCL is up: PyTorch's DataLoader forks its
- * workers (the default start method), a checkpoint writer forks. The child
- * inherits every descriptor of the rank, the plugin's sockets included, never
- * calls the plugin, does not die with its parent (a worker notices its
- * parent's death only seconds later), and exits after `secs`. Its stdio goes
- * to /dev/null so that nobody reading the rank's output waits for it. */
-static void fork_lingering_child(double secs) {
-  pid_t pid = fork();
-  if (pid != 0) return; /* the parent, or fork failed: the scenario runs without it */
-  signal(SIGALRM, SIG_DFL);
-  int null = open("/dev/null", O_RDWR);
-  if (null >= 0) {
-    dup2(null, 0);
-    dup2(null, 1);
-    dup2(null, 2);
-  }
-  alarm((unsigned)ceil(secs));
-  for (;;) pause();
-}
-
 /* slow-recv, kill and transfer: connect, move data, let the injector do its
  * work, record what each side saw. */
 static int xfer_rank(rank_t* r, fctx_t* c, rstate_t* st) {

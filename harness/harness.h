@@ -34,6 +34,9 @@ void sleep_ms(int ms);
 /* Page-aligned, zeroed-on-demand buffer (mmap), so 1 GiB buffers don't fault all at once. */
 void* buf_alloc(size_t len);
 void buf_free(void* p, size_t len);
+/* Forks a child that holds every descriptor of the caller, never calls the
+ * plugin, outlives the caller, and exits after secs (a DataLoader worker). */
+void fork_lingering_child(double secs);
 /* Every byte of a message is a function of (seed, offset), so any received
  * range can be checked without keeping a copy of what was sent. */
 void pattern_fill(void* buf, size_t len, uint64_t seed);

@@ -2,6 +2,9 @@
  * counters and small parsing and formatting helpers. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -169,4 +173,24 @@ void fmt_size(char* out, size_t outlen, size_t b) {
   else if (b >= (1ull << 20) && b % (1ull << 20) == 0) snprintf(out, outlen, "%zu MiB", b >> 20);
   else if (b >= (1ull << 10) && b % (1ull << 10) == 0) snprintf(out, outlen, "%zu KiB", b >> 10);
   else snprintf(out, outlen, "%zu B", b);
+}
+
+/* What a framework does once NCCL is up: PyTorch's DataLoader forks its
+ * workers (the default start method), a checkpoint writer forks. The child
+ * inherits every descriptor of the rank, the plugin's sockets included, never
+ * calls the plugin, does not die with its parent (a worker notices its
+ * parent's death only seconds later), and exits after `secs`. Its stdio goes
+ * to /dev/null so that nobody reading the rank's output waits for it. */
+void fork_lingering_child(double secs) {
+  pid_t pid = fork();
+  if (pid != 0) return; /* the parent, or fork failed: the scenario runs without it */
+  signal(SIGALRM, SIG_DFL);
+  int null = open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    dup2(null, 0);
+    dup2(null, 1);
+    dup2(null, 2);
+  }
+  alarm((unsigned)ceil(secs));
+  for (;;) pause();
 }

@@ -33,6 +33,10 @@ check "peer-killed: a working plugin passes" 0 '^PASS v8 peer-killed \(after .*r
 check "peer-killed: a receive cut short and reported complete fails" 1 \
   '^FAIL v8 peer-killed: .*reported success, but the bytes at offset [0-9]+ are not the peer.s' \
   FAULTY_DEAD_DONE=1 -- conformance --versions 8 --only peer-killed
+# Its dying rank leaves a forked child behind that outlives the check.
+check "peer-killed: a plugin whose forked children keep its sockets hangs" 1 \
+  '^FAIL v8 peer-killed: .*still pending after' \
+  FAULTY_FORK_KEEPS=1 -- conformance --versions 8 --only peer-killed --timeout 10
 check "kill: a working plugin passes" 0 '^faults kill: PASS: 4 trials.* 0 hangs' -- faults kill --trials 4
 check "kill: a plugin that never reports a dead peer hangs" 1 '^faults kill: FAIL: 2 trials.* 2 hangs' \
   FAULTY_IGNORE_PEER=1 -- faults kill --trials 2 --within 1

@@ -14,6 +14,10 @@
  *   FAULTY_DEAD_DONE=1    a receive whose peer died reports success with what
  *                         it had (the conformance check peer-killed must find
  *                         the bytes that never came)
+ *   FAULTY_FORK_KEEPS=1   a child forked from the host keeps the plugin's
+ *                         sockets, so a killed rank's children keep its
+ *                         connections alive (peer-killed, whose dying rank
+ *                         leaves a forked child behind, must find the hang)
  *
  * Wire: none. A connection carries the payload bytes of each message in
  * order; both sides post the same sizes. One receive buffer per irecv.
@@ -23,6 +27,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -57,8 +62,26 @@ static int env_on(const char* k) {
   return v != NULL && *v == '1';
 }
 
+/* The plugin's sockets, closed in a forked child (what forkguard does for
+ * ours): a child must not keep a dead or closed rank's connections alive. */
+#define MAXFD 4096
+static unsigned char mine[MAXFD];
+static void own(int fd) {
+  if (fd >= 0 && fd < MAXFD) mine[fd] = 1;
+}
+static void disown(int fd) {
+  if (fd >= 0 && fd < MAXFD) mine[fd] = 0;
+}
+static void child_closes(void) {
+  for (int fd = 0; fd < MAXFD; fd++)
+    if (mine[fd]) close(fd);
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void install_atfork(void) { pthread_atfork(NULL, NULL, child_closes); }
+
 static ncclResult_t f_init(ncclDebugLogger_t log) {
   (void)log;
+  if (!env_on("FAULTY_FORK_KEEPS")) pthread_once(&atfork_once, install_atfork);
   return ncclSuccess;
 }
 
@@ -96,6 +119,7 @@ static ncclResult_t f_listen(int dev, void* handle, void** lc) {
   memcpy((char*)handle + 8, &a.sin_port, 2);
   listen_t* l = calloc(1, sizeof *l);
   l->fd = fd;
+  own(fd);
   *lc = l;
   return ncclSuccess;
 }
@@ -103,6 +127,7 @@ static ncclResult_t f_listen(int dev, void* handle, void** lc) {
 static comm_t* new_comm(int fd, int send) {
   comm_t* c = calloc(1, sizeof *c);
   c->fd = fd;
+  own(fd);
   c->send = send;
   return c;
 }
@@ -235,14 +260,20 @@ static ncclResult_t f_test(void* request, int* done, int* sizes) {
 
 static ncclResult_t close_comm(void* cp) {
   comm_t* c = cp;
-  if (!env_on("FAULTY_LEAK")) close(c->fd);
+  if (!env_on("FAULTY_LEAK")) {
+    disown(c->fd);
+    close(c->fd);
+  }
   free(c);
   return ncclSuccess;
 }
 
 static ncclResult_t f_close_listen(void* lcp) {
   listen_t* l = lcp;
-  if (!env_on("FAULTY_LEAK")) close(l->fd);
+  if (!env_on("FAULTY_LEAK")) {
+    disown(l->fd);
+    close(l->fd);
+  }
   free(l);
   return ncclSuccess;
 }
