@@ -912,7 +912,7 @@ static int xfer_rank(rank_t* r, fctx_t* c, rstate_t* st) {
     net_close_listen(&st->n, st->l.lc);
     st->l.lc = NULL;
   }
-  if (o->fork_child > 0) fork_lingering_child(o->fork_child);
+  if (o->fork_child > 0) fork_lingering_child(o->fork_child, NULL, 0);
   x->size = o->size;
   x->iters = o->iters;
   x->until_error = o->scenario == SC_KILL;

@@ -35,8 +35,9 @@ void sleep_ms(int ms);
 void* buf_alloc(size_t len);
 void buf_free(void* p, size_t len);
 /* Forks a child that holds every descriptor of the caller, never calls the
- * plugin, outlives the caller, and exits after secs (a DataLoader worker). */
-void fork_lingering_child(double secs);
+ * plugin, outlives the caller, and exits after secs, or once *until (when not
+ * NULL) stops being `running` (a DataLoader worker). */
+void fork_lingering_child(double secs, atomic_int* until, int running);
 /* Every byte of a message is a function of (seed, offset), so any received
  * range can be checked without keeping a copy of what was sent. */
 void pattern_fill(void* buf, size_t len, uint64_t seed);

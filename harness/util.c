@@ -3,8 +3,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
-#include <signal.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,18 +177,19 @@ void fmt_size(char* out, size_t outlen, size_t b) {
  * workers (the default start method), a checkpoint writer forks. The child
  * inherits every descriptor of the rank, the plugin's sockets included, never
  * calls the plugin, does not die with its parent (a worker notices its
- * parent's death only seconds later), and exits after `secs`. Its stdio goes
- * to /dev/null so that nobody reading the rank's output waits for it. */
-void fork_lingering_child(double secs) {
+ * parent's death only seconds later), and exits after `secs`, or earlier once
+ * `*until` is no longer `running` (NULL: no such word). Its stdio goes to
+ * /dev/null so that nobody reading the rank's output waits for it. */
+void fork_lingering_child(double secs, atomic_int* until, int running) {
   pid_t pid = fork();
   if (pid != 0) return; /* the parent, or fork failed: the scenario runs without it */
-  signal(SIGALRM, SIG_DFL);
   int null = open("/dev/null", O_RDWR);
   if (null >= 0) {
     dup2(null, 0);
     dup2(null, 1);
     dup2(null, 2);
   }
-  alarm((unsigned)ceil(secs));
-  for (;;) pause();
+  double end = now_s() + secs;
+  while (now_s() < end && (until == NULL || atomic_load(until) == running)) sleep_ms(50);
+  _exit(0);
 }
