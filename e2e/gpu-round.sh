@@ -10,18 +10,22 @@
 # 2. rxe: e2e/rxe-probe.sh (ib transport next to ib_write_bw over Soft-RoCE, natively);
 #    with --debs, rdma-core / perftest / iproute2 packages are installed first where the
 #    kernel has rdma_rxe but user space lacks them (never over files already there);
-# 3. e2e: real NCCL through the plugin (e2e/run-gpu.sh): the correctness suite on both
+# 3. kill: real NCCL, a rank SIGKILLed while its peer's receive is pending, with and
+#    without a forked child of the dying rank outliving it (nccl_e2e.py kill): our
+#    plugin must fail the receive; NCCL's Socket transport is run beside it as the
+#    baseline;
+# 4. e2e: real NCCL through the plugin (e2e/run-gpu.sh): the correctness suite on both
 #    libraries up to E2E_MAX_BYTES (default here 4 MiB), then E2E_BENCH_RUNS (5)
 #    alternating runs of Go and NCCL Socket bandwidth for E2E_BENCH_OPS (broadcast,sendrecv)
-#    from 64 KiB to 64 MiB, with a third arm between them, E2E_BENCH_VARIANT: the
-#    plugin with the setting whose default is still open (today
-#    share0:NCCL_GO_SOCKET_SHARE_AFTER=0; set it empty for two arms);
-# 4. harness: ncclnet-harness bench all (the plugin next to plain TCP, NCCL-style loop)
+#    from 64 KiB to 64 MiB; E2E_BENCH_VARIANT=NAME:VAR=VALUE,... adds a third arm
+#    between them, the plugin with those settings (an A/B of a default inside the
+#    round; none by default since 2026-11-27, when the last open one was settled);
+# 5. harness: ncclnet-harness bench all (the plugin next to plain TCP, NCCL-style loop)
 #    on this host's cores.
 # DIR (--build, default build/) holds libnccl-net-go.so, libnccl-net-go-v9v10.so,
 # ncclnet-harness, ncclnet-go and ncclnet-go-selftest. The output, --out (default
-# build/gpu-round): round.txt (the summary), results.md (the e2e report), harness.txt,
-# rxe-probe.txt, and round.tgz with every log.
+# build/gpu-round): round.txt (the summary), results.md (the e2e report), kill.md,
+# harness.txt, rxe-probe.txt, and round.tgz with every log.
 # Exit status: 0 every step that ran passed, 1 a step failed or was cut short.
 set -uo pipefail
 
@@ -38,7 +42,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --budget) budget="$2"; shift 2 ;;
     --debs) debs="$2"; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "gpu-round: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -105,9 +109,13 @@ e2e() {
   E2E_BENCH_MAX="${E2E_BENCH_MAX:-67108864}" E2E_BENCH_BUDGET="${E2E_BENCH_BUDGET:-1073741824}" \
   E2E_BENCH_OPS="${E2E_BENCH_OPS:-broadcast,sendrecv}" E2E_BENCH_RUNS="${E2E_BENCH_RUNS:-5}" \
   E2E_PHASE_TIMEOUT="${E2E_PHASE_TIMEOUT:-120}" \
-  E2E_BENCH_VARIANT="${E2E_BENCH_VARIANT-share0:NCCL_GO_SOCKET_SHARE_AFTER=0}" \
+  E2E_BENCH_VARIANT="${E2E_BENCH_VARIANT-}" \
     "$here/run-gpu.sh" --plugin "$build/libnccl-net-go.so" --plugin-v9v10 "$build/libnccl-net-go-v9v10.so" \
     --out "$work/e2e"
+}
+
+kill_check() {
+  "${E2E_PYTHON:-python3}" "$here/nccl_e2e.py" kill --plugin "$build/libnccl-net-go.so" --out "$work/kill"
 }
 
 harness() {
@@ -119,6 +127,7 @@ if [ -n "${step_name:-}" ]; then
     facts) facts ;;
     rxe) rxe ;;
     e2e) e2e ;;
+    kill) kill_check ;;
     harness) harness ;;
     *) echo "gpu-round: no step $step_name" >&2; exit 2 ;;
   esac
@@ -143,6 +152,7 @@ pack() {
   say "round over after $(($(date +%s) - start))s; $([ "$failed" = 0 ] && echo 'every step that ran passed' || echo 'some steps failed (above)')"
   cp "$summary" "$out/round.txt"
   [ -f "$work/e2e/results.md" ] && cp "$work/e2e/results.md" "$out/results.md"
+  [ -f "$work/kill/kill.md" ] && cp "$work/kill/kill.md" "$out/kill.md"
   [ -f "$work/harness.log" ] && cp "$work/harness.log" "$out/harness.txt"
   [ -f "$work/rxe/rxe-probe.txt" ] && cp "$work/rxe/rxe-probe.txt" "$out/rxe-probe.txt"
   tar czf "$out/round.tgz" -C "$work" . 2>/dev/null
@@ -192,6 +202,8 @@ step facts 20
 sed 's/^/  /' "$work/facts.log" | tee -a "$summary"
 step rxe 90
 grep -h 'rxe-probe:' "$work/rxe.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
+step kill 120
+grep -E '^(==|   )' "$work/kill.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
 step e2e 300
 grep -E '^(==|   )' "$work/e2e.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
 step harness 90

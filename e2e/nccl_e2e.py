@@ -12,6 +12,9 @@ Subcommands:
           bandwidth, optionally a third arm of Go with other settings,
           --bench-variant) and write results.md; this is what `make e2e-gpu` runs
   rank    one rank of one phase (spawned by suite; not meant to be run by hand)
+  kill    a peer SIGKILLed while a receive from it is pending, with and without
+          a forked child of the dying rank outliving it: our plugin and NCCL's
+          Socket transport side by side (writes kill.md)
   checklog  re-check existing rank logs, e.g. after editing a log by hand
 
 `suite --backend gloo` is a CPU-only dry run of the same orchestration and
@@ -600,6 +603,8 @@ def rank_main(args):
         f"NCCL_NET_PLUGIN={os.environ.get('NCCL_NET_PLUGIN', '')} NCCL_HOSTID={os.environ.get('NCCL_HOSTID', '')}")
     dist.init_process_group(args.backend, init_method="file://" + args.store, rank=rank, world_size=WORLD,
                             timeout=dt.timedelta(seconds=args.op_timeout))
+    if args.mode == "kill":
+        return kill_rank_main(args, torch, dist, device, rank, log)
     coll = Collectives(torch, dist, args.backend, rank)
     out = {"rank": rank, "mode": args.mode}
     try:
@@ -930,6 +935,289 @@ def suite_main(args):
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------
+# Peer-kill checks (subcommand kill): how long a surviving rank's pending
+# receive takes to fail after its peer is SIGKILLed, with and without a forked
+# child of the dying rank that outlives it (a DataLoader worker, a forked
+# checkpoint writer). The child inherits every descriptor; a transport whose
+# sockets stay open in it gets no FIN from the dead rank, and its survivor
+# waits as long as the child lives (docs/reliability.md, "Forked children").
+
+# Arms: (name, NCCL_NET, our plugin?, fork a child?). The Socket arms are NCCL's
+# own transport, the baseline; only our plugin's arms are judged.
+KILL_ARMS = {
+    "go-fork": ("Go", True, True),
+    "go": ("Go", True, False),
+    "socket-fork": ("Socket", False, True),
+    "socket": ("Socket", False, False),
+}
+KILL_ARMS_DEFAULT = "go-fork:3,go:1,socket-fork:1,socket:1"
+
+
+def parse_kill_arms(text):
+    """"ARM:TRIALS,..." -> [(arm, trials)]; raises ValueError saying what is wrong."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        arm, sep, n = item.partition(":")
+        if arm not in KILL_ARMS:
+            raise ValueError(f"unknown arm {arm!r} (have {', '.join(KILL_ARMS)})")
+        if arm in (a for a, _ in out):
+            raise ValueError(f"arm {arm} given twice")
+        try:
+            trials = int(n) if sep else 1
+        except ValueError:
+            raise ValueError(f"{item!r}: trials must be a number") from None
+        if not 1 <= trials <= 20:
+            raise ValueError(f"{item!r}: trials must be 1..20")
+        out.append((arm, trials))
+    if not out:
+        raise ValueError("no arms")
+    return out
+
+
+def kill_verdict(arm, outcome, seconds, cap):
+    """(judged, ok, text) for one trial. outcome: "error" (the receive failed),
+    "exit" (the survivor's process ended, e.g. torch's watchdog aborted it),
+    "completed" (the receive completed although nothing was sent), "hang"."""
+    judged = KILL_ARMS[arm][1]
+    if outcome in ("error", "exit"):
+        text = f"{'error' if outcome == 'error' else 'survivor exited'} after {seconds:.2f} s"
+        return judged, True, text
+    if outcome == "completed":
+        return judged, False, "the receive COMPLETED although the peer sent nothing"
+    return judged, False, f"HANG: still pending {cap} s after the kill"
+
+
+def kill_rank_main(args, torch, dist, device, rank, log):
+    """One rank of a kill trial. Both ranks exchange a message each way so that
+    the pair's connections exist; then rank 1 (the victim) optionally forks a
+    child that sleeps, says it is ready and waits to be killed; rank 0 posts a
+    receive from rank 1 and watches it until it fails, and records when."""
+    t = torch.ones(1024, device=device)
+    for src in (0, 1):
+        if rank == src:
+            dist.send(t, dst=1 - src)
+        else:
+            dist.recv(t, src=src)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    marker = args.result + ".ready"
+    if rank == 1:
+        child = 0
+        if args.fork_child > 0:
+            child = os.fork()
+            if child == 0:
+                # Like a DataLoader worker: it holds every descriptor of its parent
+                # and never touches CUDA or NCCL.
+                time.sleep(args.fork_child)
+                os._exit(0)
+            log(f"forked child {child}, which sleeps {args.fork_child} s")
+        with open(marker + ".tmp", "w") as f:
+            json.dump({"pid": os.getpid(), "child": child}, f)
+        os.rename(marker + ".tmp", marker)
+        while True:
+            time.sleep(1)
+    buf = torch.zeros(1024, device=device)
+    work = dist.irecv(buf, src=1)
+    with open(marker + ".tmp", "w") as f:
+        json.dump({"pid": os.getpid()}, f)
+    os.rename(marker + ".tmp", marker)
+    log("receive from rank 1 posted")
+    try:
+        if device.type == "cuda":
+            # NCCL's wait() only orders streams; is_completed() is where torch
+            # reads the communicator's asynchronous error.
+            while not work.is_completed():
+                time.sleep(0.002)
+            work.wait()
+            torch.cuda.synchronize()
+        else:
+            # gloo moves a receive inside wait(), which raises when the peer goes.
+            work.wait()
+        out = {"outcome": "completed", "time": time.time()}
+    except Exception as e:  # noqa: BLE001 (whatever the backend raises is the result)
+        out = {"outcome": "error", "time": time.time(),
+               "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:300]}
+    with open(args.result + ".tmp", "w") as f:
+        json.dump(out, f)
+    os.rename(args.result + ".tmp", args.result)
+    log(f"receive ended: {out}")
+    # No teardown: destroying a communicator whose peer is dead is not what
+    # this measures, and the launcher ends both process groups anyway.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def kill_trial(name, arm, info, args, outdir):
+    """Runs one trial; returns a dict with outcome, seconds and evidence."""
+    net, ours, fork = KILL_ARMS[arm]
+    logs = [os.path.join(outdir, "logs", f"{name}.rank{r}.log") for r in range(WORLD)]
+    nccl_logs = [os.path.join(outdir, "logs", f"{name}.rank{r}.nccl.log") for r in range(WORLD)]
+    results = [os.path.join(outdir, "work", f"{name}.rank{r}.json") for r in range(WORLD)]
+    store = os.path.join(outdir, "work", f"{name}.store")
+    for p in results + nccl_logs + [store] + [r + ".ready" for r in results]:
+        if os.path.exists(p):
+            os.remove(p)
+    if args.backend == "gloo":
+        plugin_vars = {}
+    elif ours:
+        plugin_vars = plugin_env(info["nccl"], args.plugin)
+    else:
+        plugin_vars = {"NCCL_NET_PLUGIN": "none"}
+    child_secs = args.cap + 30 if fork else 0
+    cmd = [sys.executable, os.path.abspath(__file__), "rank", "--mode", "kill", "--backend", args.backend,
+           "--store", store, "--device", str(args.device), "--op-timeout", str(args.cap + 60),
+           "--fork-child", str(child_secs)]
+    rec = {"name": name, "arm": arm, "net": net, "fork": fork, "outcome": None, "seconds": None,
+           "child_alive": None, "warn": None, "error": None}
+    procs, files = [], []
+    t0 = time.monotonic()
+    print(f"== {name}: NCCL_NET={net}{', the killed rank leaves a forked child' if fork else ''} "
+          f"(logs {os.path.join(outdir, 'logs', name)}.rank*.log)", flush=True)
+    try:
+        for r in range(WORLD):
+            f = open(logs[r], "w")
+            files.append(f)
+            procs.append(subprocess.Popen(cmd + ["--result", results[r]], stdin=subprocess.DEVNULL, stdout=f,
+                                          stderr=subprocess.STDOUT,
+                                          env=rank_env(dict(os.environ), r, args.backend, net, plugin_vars, args,
+                                                       nccl_logs[r] if args.backend == "nccl" else None),
+                                          start_new_session=True))
+        deadline = t0 + args.setup_timeout
+        while not all(os.path.exists(r + ".ready") for r in results):
+            dead = [r for r, p in enumerate(procs) if p.poll() is not None]
+            if dead:
+                rec["error"] = f"rank {dead[0]} exited with status {procs[dead[0]].returncode} before the kill"
+                break
+            if time.monotonic() > deadline:
+                rec["error"] = f"ranks not ready after {args.setup_timeout} s"
+                break
+            time.sleep(0.05)
+        if rec["error"] is None:
+            # Let rank 0's receive reach the transport (NCCL's proxy posts it).
+            time.sleep(args.settle)
+            with open(results[1] + ".ready") as f:
+                victim = json.load(f)
+            t_kill = time.time()
+            os.kill(victim["pid"], signal.SIGKILL)
+            if victim["child"]:
+                time.sleep(0.05)
+                rec["child_alive"] = os.path.exists(f"/proc/{victim['child']}")
+            while True:
+                if os.path.exists(results[0]):
+                    with open(results[0]) as f:
+                        res = json.load(f)
+                    rec["outcome"], rec["seconds"] = res["outcome"], res["time"] - t_kill
+                    rec["error_text"] = res.get("error")
+                    break
+                if procs[0].poll() is not None:
+                    rec["outcome"], rec["seconds"] = "exit", time.time() - t_kill
+                    rec["exit_status"] = procs[0].returncode
+                    break
+                if time.time() - t_kill > args.cap:
+                    rec["outcome"] = "hang"
+                    break
+                time.sleep(0.01)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait()
+        # The child is in the victim's process group, already ended above
+        # unless the victim was gone before: end the group regardless.
+        try:
+            os.killpg(procs[1].pid, signal.SIGKILL)
+        except (ProcessLookupError, IndexError):
+            pass
+        for f in files:
+            f.close()
+    if os.path.exists(nccl_logs[0]):
+        with open(nccl_logs[0], errors="replace") as f:
+            warns = [m.group("msg") for m in map(RE_WARN.search, f) if m]
+        rec["warn"] = warns[0][:300] if warns else None
+    if rec["error"]:
+        print(f"   {name}: FAILED to set up: {rec['error']}", flush=True)
+        for path in logs + nccl_logs:
+            if os.path.exists(path):
+                print(f"   --- last lines of {path}:")
+                with open(path, errors="replace") as f:
+                    for line in f.readlines()[-15:]:
+                        print("   | " + line.rstrip())
+        return rec
+    judged, ok, text = kill_verdict(arm, rec["outcome"], rec["seconds"], args.cap)
+    rec["judged"], rec["ok"], rec["text"] = judged, ok, text
+    extra = []
+    if fork:
+        extra.append(f"child alive at the kill: {'yes' if rec['child_alive'] else 'NO'}")
+    if rec.get("error_text"):
+        extra.append(f"raised: {rec['error_text']}")
+    if rec["warn"]:
+        extra.append(f"rank 0's first NCCL WARN: {rec['warn']}")
+    print(f"   {name}: {text}{'' if judged else ' (baseline, not judged)'}; " + "; ".join(extra), flush=True)
+    return rec
+
+
+def kill_main(args):
+    outdir = os.path.abspath(args.out)
+    try:
+        arms = parse_kill_arms(args.arms)
+    except ValueError as e:
+        print(f"e2e kill: --arms (E2E_KILL_ARMS): {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        info = probe_torch(args.backend)
+    except UnsupportedMachine as e:
+        print(f"e2e kill: cannot run here: {e}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    if args.backend == "nccl" and not (args.plugin and os.path.isfile(args.plugin)):
+        print(f"e2e kill: --plugin {args.plugin or '(none)'}: no such library; build it (make build/libnccl-net-go.so)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if args.backend == "nccl":
+        args.plugin = os.path.abspath(args.plugin)
+    for d in ("logs", "work"):
+        os.makedirs(os.path.join(outdir, d), exist_ok=True)
+    desc = ", ".join(f"{k} {fmt_version(v) if k == 'nccl' else v}" for k, v in info.items())
+    print(f"e2e kill: {desc}; a kill is judged a hang {args.cap} s after it; output in {outdir}", flush=True)
+    recs = []
+    for arm, trials in arms:
+        for i in range(1, trials + 1):
+            recs.append(kill_trial(f"kill-{arm}-{i}", arm, info, args, outdir))
+    what = "real NCCL, one GPU" if args.backend == "nccl" else "gloo dry run on CPU, no plugin"
+    lines = [f"## A killed peer, with and without a forked child ({what}, two ranks)", "",
+             f"{desc}. Rank 1 is SIGKILLed while rank 0 has a receive from it pending; with a forked "
+             f"child, rank 1 first forks one that sleeps {args.cap + 30} s holding its descriptors. "
+             f"Seconds from the kill until rank 0's receive failed (or its process ended); a hang is "
+             f"declared after {args.cap} s.", "",
+             "| arm | NCCL_NET | forked child | trials | outcomes | seconds (each) |", "|---|---|---|---|---|---|"]
+    failures = []
+    for arm, _ in arms:
+        rs = [r for r in recs if r["arm"] == arm]
+        net, ours, fork = KILL_ARMS[arm]
+        outcomes = ", ".join(sorted({(r["outcome"] or "setup failed") for r in rs}))
+        secs = " ".join(f"{r['seconds']:.2f}" if r["seconds"] is not None else "-" for r in rs)
+        lines.append(f"| {arm} | {net} | {'yes' if fork else 'no'} | {len(rs)} | {outcomes} | {secs} |")
+        for r in rs:
+            if r["error"]:
+                failures.append(f"{r['name']}: {r['error']}")
+            elif r["judged"] and not r["ok"]:
+                failures.append(f"{r['name']}: {r['text']}")
+    with open(os.path.join(outdir, "kill.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n" + "\n".join(lines))
+    if failures:
+        for x in failures:
+            print(f"e2e kill: FAIL {x}", file=sys.stderr)
+        return EXIT_FAIL
+    print("e2e kill: every judged trial saw the receive fail")
+    return EXIT_OK
+
+
 def checklog_main(args):
     info_api = None
     if args.nccl_version:
@@ -1002,10 +1290,30 @@ def build_parser():
 
     r = sub.add_parser("rank", help="one rank (spawned by suite)")
     common(r)
-    r.add_argument("--mode", choices=("check", "bench"), required=True)
+    r.add_argument("--mode", choices=("check", "bench", "kill"), required=True)
+    r.add_argument("--fork-child", type=int, default=0,
+                   help="kill mode, rank 1: fork a child that lives this many seconds before waiting to be killed")
     r.add_argument("--store", required=True)
     r.add_argument("--result", required=True)
     r.add_argument("--corrupt", choices=OPS, help=argparse.SUPPRESS)
+
+    k = sub.add_parser("kill", help="a killed peer, with and without a forked child: how long the survivor waits")
+    k.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    k.add_argument("--device", type=int, default=env_default("E2E_DEVICE", 0, int))
+    k.add_argument("--plugin", help="libnccl-net-go.so (the Go arms)")
+    k.add_argument("--out", default=env_default("E2E_OUT", "build/e2e-kill"))
+    k.add_argument("--ifname", default=env_default("E2E_IFNAME", "lo"))
+    k.add_argument("--go-transport", default=env_default("E2E_GO_TRANSPORT", "socket"))
+    k.add_argument("--cumem", default=env_default("E2E_CUMEM", None))
+    k.add_argument("--debug-subsys", default=env_default("E2E_DEBUG_SUBSYS", "INIT,NET"))
+    k.add_argument("--arms", default=env_default("E2E_KILL_ARMS", KILL_ARMS_DEFAULT),
+                   help=f"ARM:TRIALS,... of {', '.join(KILL_ARMS)} (default {KILL_ARMS_DEFAULT})")
+    k.add_argument("--cap", type=int, default=env_default("E2E_KILL_CAP", 20, int),
+                   help="seconds after the kill at which a still-pending receive is a hang")
+    k.add_argument("--setup-timeout", type=int, default=90,
+                   help="seconds for both ranks to connect and post their side")
+    k.add_argument("--settle", type=float, default=1.0,
+                   help="seconds between rank 0 posting its receive and the kill")
 
     c = sub.add_parser("checklog", help="check existing rank logs")
     c.add_argument("--net", default="Go")
@@ -1039,6 +1347,8 @@ def main(argv=None):
         return suite_main(args)
     if args.cmd == "rank":
         return rank_main(args)
+    if args.cmd == "kill":
+        return kill_main(args)
     return checklog_main(args)
 
 

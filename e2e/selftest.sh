@@ -7,12 +7,14 @@
 #   3. a dry run of the whole suite with gloo on CPU instead of NCCL (the rank
 #      spawning, every collective, the CPU-side expected values, the bandwidth
 #      table), then the same with a corrupted result, which must fail
-#   4. run-gpu.sh on this GPU-less machine: it must stop with status 77
-#   5. gpu-round.sh (the device session's one command) on this machine: every
+#   4. the kill check (nccl_e2e.py kill) with gloo: a killed peer is noticed, and a
+#      forked child of the dead rank that keeps its sockets is caught as a hang
+#   5. run-gpu.sh on this GPU-less machine: it must stop with status 77
+#   6. gpu-round.sh (the device session's one command) on this machine: every
 #      step reports a verdict, the e2e step says it cannot run here, the harness
 #      step runs, and the round packs its output
-# Steps 3-4 need PyTorch (Debian: python3-torch); without it they are skipped
-# with the reason printed, as is step 5 without the harness next to the plugin.
+# Steps 3-5 need PyTorch (Debian: python3-torch); without it they are skipped
+# with the reason printed, as is step 6 without the harness next to the plugin.
 # E2E_STRICT=1 turns those skips into failures.
 #
 #   e2e/selftest.sh [--plugin LIB.so --plugin-v9v10 LIB.so]
@@ -79,11 +81,12 @@ gpu_round_check() {
   if "$here/gpu-round.sh" --build "$dir" --out "$round" --budget 150 >"$work/round.out" 2>&1; then :; else
     cat "$work/round.out"; echo "e2e-selftest: FAIL gpu-round.sh exited $?" >&2; exit 1
   fi
-  for s in facts rxe e2e harness; do
+  for s in facts rxe kill e2e harness; do
     grep -Eq "^gpu-round:    $s: (ok|cannot run on this host)" "$round/round.txt" ||
       { cat "$round/round.txt"; echo "e2e-selftest: FAIL gpu-round.sh gave step $s no verdict" >&2; exit 1; }
   done
   if ! grep -q "^gpu-round:    e2e: cannot run on this host (exit 77)" "$round/round.txt" ||
+     ! grep -q "^gpu-round:    kill: cannot run on this host (exit 77)" "$round/round.txt" ||
      ! grep -q "^summary" "$round/harness.txt" || ! tar tzf "$round/round.tgz" | grep 'harness.log' >/dev/null; then
     cat "$round/round.txt"; echo "e2e-selftest: FAIL gpu-round.sh's output is incomplete" >&2; exit 1
   fi
@@ -146,6 +149,24 @@ if PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend glo
     --bench-variant 'x:NCCL_NET=Socket' >"$work/badvar.out" 2>&1 || [ $? -ne 2 ] ||
    ! grep -q "set by the suite itself" "$work/badvar.out"; then
   cat "$work/badvar.out"; echo "e2e-selftest: FAIL a variant that names a suite variable is not a usage error" >&2; exit 1
+fi
+
+# The kill check with gloo standing in for a transport: gloo fails a receive whose
+# peer was killed (the connection closes), and, like any transport that leaves its
+# sockets open in forked children, hangs when the dead rank left a child behind. So
+# one run shows both verdicts: the arm without a child passes, the arm with one must
+# be reported as a hang and fail the run.
+echo "e2e-selftest: gloo dry run of the kill check: a dead peer noticed, and the hang a forked child causes caught"
+set +e
+PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" kill --backend gloo --out "$work/kill" \
+  --arms go:1,go-fork:1 --cap 5 >"$work/kill.out" 2>&1
+rc=$?
+set -e
+if [ $rc -ne 1 ] || ! grep -Eq '^   kill-go-1: error after [0-9.]+ s' "$work/kill.out" ||
+   ! grep -q '^   kill-go-fork-1: HANG: still pending 5 s after the kill; child alive at the kill: yes' "$work/kill.out" ||
+   ! grep -q '^| go-fork | Go | yes | 1 | hang | - |$' "$work/kill/kill.md" ||
+   ! grep -q 'FAIL kill-go-fork-1: HANG' "$work/kill.out"; then
+  cat "$work/kill.out"; echo "e2e-selftest: FAIL the kill check did not tell a noticed death from a hang (exit $rc)" >&2; exit 1
 fi
 
 echo "e2e-selftest: a corrupted all_gather result must fail the suite"

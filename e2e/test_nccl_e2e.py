@@ -355,6 +355,36 @@ class LogChecks(unittest.TestCase):
             self.assertIn("not over the network", r.stdout)
 
 
+class KillCheck(unittest.TestCase):
+    def test_parse_kill_arms(self):
+        self.assertEqual(e.parse_kill_arms(e.KILL_ARMS_DEFAULT),
+                         [("go-fork", 3), ("go", 1), ("socket-fork", 1), ("socket", 1)])
+        self.assertEqual(e.parse_kill_arms("socket, go-fork:2,"), [("socket", 1), ("go-fork", 2)])
+        for bad, why in (("", "no arms"), ("ib:1", "unknown arm"), ("go:x", "must be a number"),
+                         ("go:0", "1..20"), ("go:21", "1..20"), ("go,go:2", "twice")):
+            with self.assertRaisesRegex(ValueError, why):
+                e.parse_kill_arms(bad)
+
+    def test_only_our_plugin_is_judged(self):
+        for arm, (net, ours, _) in e.KILL_ARMS.items():
+            self.assertEqual(ours, net == "Go", arm)
+            judged, ok, text = e.kill_verdict(arm, "hang", None, 20)
+            self.assertEqual((judged, ok), (ours, False))
+            self.assertIn("HANG", text)
+
+    def test_verdicts(self):
+        self.assertEqual(e.kill_verdict("go-fork", "error", 0.512, 20), (True, True, "error after 0.51 s"))
+        self.assertEqual(e.kill_verdict("go", "exit", 1.5, 20), (True, True, "survivor exited after 1.50 s"))
+        judged, ok, text = e.kill_verdict("go", "completed", 0.1, 20)
+        self.assertEqual((judged, ok), (True, False))
+        self.assertIn("COMPLETED", text)
+
+    def test_bad_arms_are_a_usage_error(self):
+        r = subprocess.run([sys.executable, SCRIPT, "kill", "--arms", "go:0"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, e.EXIT_USAGE, r.stderr)
+        self.assertIn("--arms", r.stderr)
+
+
 class CannotRunHere(unittest.TestCase):
     def run_suite(self, extra_env, *args):
         env = dict(os.environ, **extra_env)
