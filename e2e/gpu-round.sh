@@ -202,7 +202,7 @@ step facts 20
 sed 's/^/  /' "$work/facts.log" | tee -a "$summary"
 step rxe 90
 grep -h 'rxe-probe:' "$work/rxe.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
-step kill 120
+step kill 180
 grep -E '^(==|   )' "$work/kill.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
 step e2e 300
 grep -E '^(==|   )' "$work/e2e.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"

@@ -36,6 +36,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 EXIT_OK = 0
@@ -170,6 +171,7 @@ RE_PLUGIN_LINE = re.compile(r"(NET/Plugin|Plugin name set by env|external plugin
 RE_VIA = re.compile(r"via (?P<kind>NET/(?P<net>[^/\s]+)|P2P|SHM|CollNet|NVLS)")
 RE_USING = re.compile(r"(Using network|Assigned NET plugin) (?P<name>\S+)")
 RE_WARN = re.compile(r"NCCL WARN (?P<msg>.*)$")
+RE_TEARDOWN = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank \d+ n[Rr]anks \d+ .* - ((?:Abort|Destroy) COMPLETE)")
 
 
 def check_log(text, net, library=None, expect_api=None):
@@ -1044,8 +1046,36 @@ def kill_rank_main(args, torch, dist, device, rank, log):
         json.dump(out, f)
     os.rename(args.result + ".tmp", args.result)
     log(f"receive ended: {out}")
-    # No teardown: destroying a communicator whose peer is dead is not what
-    # this measures, and the launcher ends both process groups anyway.
+    # Then what a training script's `finally:` does: destroy the process
+    # group, whose communicator has a dead peer (and, with a forked child, a
+    # peer process that is gone while its sockets live on). It must end; a
+    # timer bounds the wait and reports a hang.
+    teardown = args.result + ".teardown"
+
+    def report(rec):
+        with open(teardown + ".tmp", "w") as f:
+            json.dump(rec, f)
+        os.rename(teardown + ".tmp", teardown)
+
+    def hung():
+        report({"outcome": "hang"})
+        log(f"destroy_process_group still running after {args.teardown_cap} s")
+        sys.stdout.flush()
+        os._exit(0)
+
+    timer = threading.Timer(args.teardown_cap, hung)
+    timer.daemon = True
+    timer.start()
+    t0 = time.time()
+    try:
+        dist.destroy_process_group()
+        rec = {"outcome": "done", "seconds": time.time() - t0}
+    except Exception as e:  # noqa: BLE001 (reported, not judged)
+        rec = {"outcome": "raised", "seconds": time.time() - t0,
+               "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:300]}
+    timer.cancel()
+    report(rec)
+    log(f"destroy_process_group: {rec}")
     sys.stdout.flush()
     os._exit(0)
 
@@ -1069,9 +1099,9 @@ def kill_trial(name, arm, info, args, outdir):
     child_secs = args.cap + 30 if fork else 0
     cmd = [sys.executable, os.path.abspath(__file__), "rank", "--mode", "kill", "--backend", args.backend,
            "--store", store, "--device", str(args.device), "--op-timeout", str(args.cap + 60),
-           "--fork-child", str(child_secs)]
+           "--fork-child", str(child_secs), "--teardown-cap", str(args.teardown_cap)]
     rec = {"name": name, "arm": arm, "net": net, "fork": fork, "outcome": None, "seconds": None,
-           "child_alive": None, "warn": None, "error": None}
+           "child_alive": None, "warn": None, "error": None, "teardown": None}
     procs, files = [], []
     t0 = time.monotonic()
     print(f"== {name}: NCCL_NET={net}{', the killed rank leaves a forked child' if fork else ''} "
@@ -1120,6 +1150,18 @@ def kill_trial(name, arm, info, args, outdir):
                     rec["outcome"] = "hang"
                     break
                 time.sleep(0.01)
+            # The survivor's teardown after the failure (reported, not judged).
+            td = results[0] + ".teardown"
+            until = time.time() + args.teardown_cap + 5
+            while rec["outcome"] == "error" and time.time() < until:
+                if os.path.exists(td):
+                    with open(td) as f:
+                        rec["teardown"] = json.load(f)
+                    break
+                if procs[0].poll() is not None:
+                    rec["teardown"] = {"outcome": "exit", "status": procs[0].returncode}
+                    break
+                time.sleep(0.02)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -1138,8 +1180,13 @@ def kill_trial(name, arm, info, args, outdir):
             f.close()
     if os.path.exists(nccl_logs[0]):
         with open(nccl_logs[0], errors="replace") as f:
-            warns = [m.group("msg") for m in map(RE_WARN.search, f) if m]
+            text = f.read()
+        warns = [m.group("msg") for m in map(RE_WARN.search, text.splitlines()) if m]
         rec["warn"] = warns[0][:300] if warns else None
+        # NCCL's own teardown of the communicator, which closes every net
+        # comm through the transport: torch may still wait after it (its
+        # watchdog's debug dump), the same for either transport.
+        rec["nccl_teardown"] = [m.group(1) for m in RE_TEARDOWN.finditer(text)]
     if rec["error"]:
         print(f"   {name}: FAILED to set up: {rec['error']}", flush=True)
         for path in logs + nccl_logs:
@@ -1156,10 +1203,31 @@ def kill_trial(name, arm, info, args, outdir):
         extra.append(f"child alive at the kill: {'yes' if rec['child_alive'] else 'NO'}")
     if rec.get("error_text"):
         extra.append(f"raised: {rec['error_text']}")
+    td = rec["teardown"]
+    if td:
+        extra.append("destroy_process_group " + {
+            "done": lambda: f"returned after {td['seconds']:.2f} s",
+            "raised": lambda: f"raised after {td['seconds']:.2f} s: {td.get('error')}",
+            "hang": lambda: f"STILL RUNNING after {args.teardown_cap} s",
+            "exit": lambda: f"ended the process (status {td.get('status')})",
+        }[td["outcome"]]())
+    if rec.get("nccl_teardown"):
+        extra.append("NCCL logged " + ", ".join(rec["nccl_teardown"]))
     if rec["warn"]:
         extra.append(f"rank 0's first NCCL WARN: {rec['warn']}")
     print(f"   {name}: {text}{'' if judged else ' (baseline, not judged)'}; " + "; ".join(extra), flush=True)
     return rec
+
+
+def teardown_cell(td):
+    """One trial's teardown in the report: seconds, "raised N", "hang", "exit", "-"."""
+    if not td:
+        return "-"
+    if td["outcome"] == "done":
+        return f"{td['seconds']:.2f}"
+    if td["outcome"] == "raised":
+        return f"raised {td['seconds']:.2f}"
+    return td["outcome"]
 
 
 def kill_main(args):
@@ -1193,15 +1261,21 @@ def kill_main(args):
              f"{desc}. Rank 1 is SIGKILLed while rank 0 has a receive from it pending; with a forked "
              f"child, rank 1 first forks one that sleeps {args.cap + 30} s holding its descriptors. "
              f"Seconds from the kill until rank 0's receive failed (or its process ended); a hang is "
-             f"declared after {args.cap} s.", "",
-             "| arm | NCCL_NET | forked child | trials | outcomes | seconds (each) |", "|---|---|---|---|---|---|"]
+             f"declared after {args.cap} s. After a failed receive rank 0 calls destroy_process_group(), "
+             f"as a script's `finally:` does: its seconds are reported, not judged (a hang after "
+             f"{args.teardown_cap} s), with NCCL's own log line when the communicator's abort or "
+             f"destroy completed.", "",
+             "| arm | NCCL_NET | forked child | trials | outcomes | seconds (each) | then destroy_process_group (each) |",
+             "|---|---|---|---|---|---|---|"]
     failures = []
     for arm, _ in arms:
         rs = [r for r in recs if r["arm"] == arm]
         net, ours, fork = KILL_ARMS[arm]
         outcomes = ", ".join(sorted({(r["outcome"] or "setup failed") for r in rs}))
         secs = " ".join(f"{r['seconds']:.2f}" if r["seconds"] is not None else "-" for r in rs)
-        lines.append(f"| {arm} | {net} | {'yes' if fork else 'no'} | {len(rs)} | {outcomes} | {secs} |")
+        tds = " ".join(teardown_cell(r["teardown"]) + (" (NCCL: " + ", ".join(r["nccl_teardown"]) + ")"
+                                                         if r.get("nccl_teardown") else "") for r in rs)
+        lines.append(f"| {arm} | {net} | {'yes' if fork else 'no'} | {len(rs)} | {outcomes} | {secs} | {tds} |")
         for r in rs:
             if r["error"]:
                 failures.append(f"{r['name']}: {r['error']}")
@@ -1291,6 +1365,8 @@ def build_parser():
     r = sub.add_parser("rank", help="one rank (spawned by suite)")
     common(r)
     r.add_argument("--mode", choices=("check", "bench", "kill"), required=True)
+    r.add_argument("--teardown-cap", type=int, default=20,
+                   help="kill mode, rank 0: seconds destroy_process_group may take before it counts as hung")
     r.add_argument("--fork-child", type=int, default=0,
                    help="kill mode, rank 1: fork a child that lives this many seconds before waiting to be killed")
     r.add_argument("--store", required=True)
@@ -1310,6 +1386,8 @@ def build_parser():
                    help=f"ARM:TRIALS,... of {', '.join(KILL_ARMS)} (default {KILL_ARMS_DEFAULT})")
     k.add_argument("--cap", type=int, default=env_default("E2E_KILL_CAP", 20, int),
                    help="seconds after the kill at which a still-pending receive is a hang")
+    k.add_argument("--teardown-cap", type=int, default=env_default("E2E_KILL_TEARDOWN_CAP", 5, int),
+                   help="seconds the survivor's destroy_process_group() may take after the failure (reported)")
     k.add_argument("--setup-timeout", type=int, default=90,
                    help="seconds for both ranks to connect and post their side")
     k.add_argument("--settle", type=float, default=1.0,

@@ -379,6 +379,16 @@ class KillCheck(unittest.TestCase):
         self.assertEqual((judged, ok), (True, False))
         self.assertIn("COMPLETED", text)
 
+    def test_teardown_lines_and_cells(self):
+        log = nccl_log("comm 0x1a645320 rank 0 nRanks 2 cudaDev 0 busId 60 - Abort START",
+                       "comm 0x1a645320 rank 0 nranks 2 cudaDev 0 busId 60 - Abort COMPLETE",
+                       "comm 0x2b0 rank 1 nranks 2 cudaDev 0 busId 60 - Destroy COMPLETE")
+        self.assertEqual([m.group(1) for m in e.RE_TEARDOWN.finditer(log)], ["Abort COMPLETE", "Destroy COMPLETE"])
+        self.assertEqual(e.teardown_cell(None), "-")
+        self.assertEqual(e.teardown_cell({"outcome": "done", "seconds": 0.126}), "0.13")
+        self.assertEqual(e.teardown_cell({"outcome": "raised", "seconds": 1.0}), "raised 1.00")
+        self.assertEqual(e.teardown_cell({"outcome": "hang"}), "hang")
+
     def test_bad_arms_are_a_usage_error(self):
         r = subprocess.run([sys.executable, SCRIPT, "kill", "--arms", "go:0"], capture_output=True, text=True)
         self.assertEqual(r.returncode, e.EXIT_USAGE, r.stderr)
