@@ -665,6 +665,46 @@ def rank_env(base, rank, backend, net, plugin_vars, args, debug_file=None):
     return env
 
 
+def start_ranks(cmd, results, logs, env_of, procs, files):
+    """Starts both ranks of a phase, each in its own session (so that ending
+    one ends what it started), output into its log; appends to procs and files
+    as it goes, so the caller's cleanup sees whatever did start."""
+    for r in range(WORLD):
+        f = open(logs[r], "w")
+        files.append(f)
+        procs.append(subprocess.Popen(cmd + ["--result", results[r]], stdin=subprocess.DEVNULL, stdout=f,
+                                      stderr=subprocess.STDOUT, env=env_of(r), start_new_session=True))
+
+
+def end_ranks(procs, files, groups=()):
+    """Kills what is left of the ranks' sessions (and of the extra process
+    groups named) and closes their logs."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+    for g in groups:
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for f in files:
+        f.close()
+
+
+def print_tails(paths, n=15):
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        print(f"   --- last lines of {path}:")
+        with open(path, errors="replace") as f:
+            for line in f.readlines()[-n:]:
+                print("   | " + line.rstrip())
+
+
 def launch_phase(name, mode, net, so_path, info, args, outdir, extra_env=None):
     """Runs both ranks of one phase; returns (ok, per-rank results, per-rank
     [output log, NCCL log] paths, error). extra_env (a --bench-variant's
@@ -702,14 +742,9 @@ def launch_phase(name, mode, net, so_path, info, args, outdir, extra_env=None):
           f"(logs {os.path.join(outdir, 'logs', name)}.rank*.log)", flush=True)
     t0 = time.monotonic()
     try:
-        for r in range(WORLD):
-            f = open(logs[r], "w")
-            files.append(f)
-            procs.append(subprocess.Popen(cmd + ["--result", results[r]], stdin=subprocess.DEVNULL, stdout=f,
-                                          stderr=subprocess.STDOUT,
-                                          env=rank_env(base, r, args.backend, net, plugin_vars, args,
-                                                       nccl_logs[r] if args.backend == "nccl" else None),
-                                          start_new_session=True))
+        start_ranks(cmd, results, logs,
+                    lambda r: rank_env(base, r, args.backend, net, plugin_vars, args,
+                                       nccl_logs[r] if args.backend == "nccl" else None), procs, files)
         deadline = t0 + args.phase_timeout
         error = None
         while any(p.poll() is None for p in procs):
@@ -725,15 +760,7 @@ def launch_phase(name, mode, net, so_path, info, args, outdir, extra_env=None):
                 break
             time.sleep(0.2)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait()
-        for f in files:
-            f.close()
+        end_ranks(procs, files)
     codes = [p.returncode for p in procs]
     if error is None and any(c != 0 for c in codes):
         error = f"rank exit statuses {codes}"
@@ -748,13 +775,7 @@ def launch_phase(name, mode, net, so_path, info, args, outdir, extra_env=None):
     print(f"   {name}: {'ok' if error is None else 'FAILED: ' + error} in {time.monotonic() - t0:.1f}s", flush=True)
     per_rank_logs = [[logs[r], nccl_logs[r]] for r in range(WORLD)]
     if error:
-        for path in logs + nccl_logs:
-            if not os.path.exists(path):
-                continue
-            print(f"   --- last lines of {path}:")
-            with open(path, errors="replace") as f:
-                for line in f.readlines()[-15:]:
-                    print("   | " + line.rstrip())
+        print_tails(logs + nccl_logs)
     return error is None, out, per_rank_logs, error
 
 
@@ -1107,14 +1128,9 @@ def kill_trial(name, arm, info, args, outdir):
     print(f"== {name}: NCCL_NET={net}{', the killed rank leaves a forked child' if fork else ''} "
           f"(logs {os.path.join(outdir, 'logs', name)}.rank*.log)", flush=True)
     try:
-        for r in range(WORLD):
-            f = open(logs[r], "w")
-            files.append(f)
-            procs.append(subprocess.Popen(cmd + ["--result", results[r]], stdin=subprocess.DEVNULL, stdout=f,
-                                          stderr=subprocess.STDOUT,
-                                          env=rank_env(dict(os.environ), r, args.backend, net, plugin_vars, args,
-                                                       nccl_logs[r] if args.backend == "nccl" else None),
-                                          start_new_session=True))
+        start_ranks(cmd, results, logs,
+                    lambda r: rank_env(dict(os.environ), r, args.backend, net, plugin_vars, args,
+                                       nccl_logs[r] if args.backend == "nccl" else None), procs, files)
         deadline = t0 + args.setup_timeout
         while not all(os.path.exists(r + ".ready") for r in results):
             dead = [r for r, p in enumerate(procs) if p.poll() is not None]
@@ -1163,21 +1179,9 @@ def kill_trial(name, arm, info, args, outdir):
                     break
                 time.sleep(0.02)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            p.wait()
-        # The child is in the victim's process group, already ended above
-        # unless the victim was gone before: end the group regardless.
-        try:
-            os.killpg(procs[1].pid, signal.SIGKILL)
-        except (ProcessLookupError, IndexError):
-            pass
-        for f in files:
-            f.close()
+        # The child is in the victim's process group, which end_ranks skips
+        # once the victim itself is gone: name the group.
+        end_ranks(procs, files, groups=[p.pid for p in procs[1:]])
     if os.path.exists(nccl_logs[0]):
         with open(nccl_logs[0], errors="replace") as f:
             text = f.read()
@@ -1189,12 +1193,7 @@ def kill_trial(name, arm, info, args, outdir):
         rec["nccl_teardown"] = [m.group(1) for m in RE_TEARDOWN.finditer(text)]
     if rec["error"]:
         print(f"   {name}: FAILED to set up: {rec['error']}", flush=True)
-        for path in logs + nccl_logs:
-            if os.path.exists(path):
-                print(f"   --- last lines of {path}:")
-                with open(path, errors="replace") as f:
-                    for line in f.readlines()[-15:]:
-                        print("   | " + line.rstrip())
+        print_tails(logs + nccl_logs)
         return rec
     judged, ok, text = kill_verdict(arm, rec["outcome"], rec["seconds"], args.cap)
     rec["judged"], rec["ok"], rec["text"] = judged, ok, text
