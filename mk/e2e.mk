@@ -20,7 +20,7 @@ e2e-gpu: $(SO) $(SO_V9V10) ## real NCCL on one GPU, both libraries (needs a GPU 
 	e2e/run-gpu.sh --plugin $(SO) --plugin-v9v10 $(SO_V9V10)
 
 e2e-kill: $(SO) ## real NCCL on one GPU: how long a rank waits for a killed peer, with and without its forked child (needs a GPU machine)
-	python3 e2e/nccl_e2e.py kill --plugin $(SO)
+	"$${E2E_PYTHON:-python3}" e2e/nccl_e2e.py kill --plugin $(SO)
 
 e2e-glibc: $(SO) $(SO_V9V10) ## the libraries need no newer glibc than GLIBC_FLOOR
 	e2e/check-glibc.sh --floor $(GLIBC_FLOOR) $(SO) $(SO_V9V10)
