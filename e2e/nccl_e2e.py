@@ -1013,6 +1013,19 @@ def kill_verdict(arm, outcome, seconds, cap):
     return judged, False, f"HANG: still pending {cap} s after the kill"
 
 
+def write_json_atomic(path, obj):
+    """Writes obj to path whole or not at all: the launcher polls for the file
+    and must never read half of it."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.rename(path + ".tmp", path)
+
+
+def first_line(e):
+    """An exception's first line (bounded), for a one-line report."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
 def kill_rank_main(args, torch, dist, device, rank, log):
     """One rank of a kill trial. Both ranks exchange a message each way so that
     the pair's connections exist; then rank 1 (the victim) optionally forks a
@@ -1037,16 +1050,12 @@ def kill_rank_main(args, torch, dist, device, rank, log):
                 time.sleep(args.fork_child)
                 os._exit(0)
             log(f"forked child {child}, which sleeps {args.fork_child} s")
-        with open(marker + ".tmp", "w") as f:
-            json.dump({"pid": os.getpid(), "child": child}, f)
-        os.rename(marker + ".tmp", marker)
+        write_json_atomic(marker, {"pid": os.getpid(), "child": child})
         while True:
             time.sleep(1)
     buf = torch.zeros(1024, device=device)
     work = dist.irecv(buf, src=1)
-    with open(marker + ".tmp", "w") as f:
-        json.dump({"pid": os.getpid()}, f)
-    os.rename(marker + ".tmp", marker)
+    write_json_atomic(marker, {"pid": os.getpid()})
     log("receive from rank 1 posted")
     try:
         if device.type == "cuda":
@@ -1061,25 +1070,18 @@ def kill_rank_main(args, torch, dist, device, rank, log):
             work.wait()
         out = {"outcome": "completed", "time": time.time()}
     except Exception as e:  # noqa: BLE001 (whatever the backend raises is the result)
-        out = {"outcome": "error", "time": time.time(),
-               "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:300]}
-    with open(args.result + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.rename(args.result + ".tmp", args.result)
+        out = {"outcome": "error", "time": time.time(), "error": first_line(e)}
+    write_json_atomic(args.result, out)
     log(f"receive ended: {out}")
     # Then what a training script's `finally:` does: destroy the process
     # group, whose communicator has a dead peer (and, with a forked child, a
-    # peer process that is gone while its sockets live on). It must end; a
-    # timer bounds the wait and reports a hang.
+    # peer process that is gone while its sockets live on). A timer bounds the
+    # wait; the launcher reports what happened without judging it (torch may
+    # wait on its own watchdog here, whatever the transport).
     teardown = args.result + ".teardown"
 
-    def report(rec):
-        with open(teardown + ".tmp", "w") as f:
-            json.dump(rec, f)
-        os.rename(teardown + ".tmp", teardown)
-
     def hung():
-        report({"outcome": "hang"})
+        write_json_atomic(teardown, {"outcome": "hang"})
         log(f"destroy_process_group still running after {args.teardown_cap} s")
         sys.stdout.flush()
         os._exit(0)
@@ -1092,10 +1094,9 @@ def kill_rank_main(args, torch, dist, device, rank, log):
         dist.destroy_process_group()
         rec = {"outcome": "done", "seconds": time.time() - t0}
     except Exception as e:  # noqa: BLE001 (reported, not judged)
-        rec = {"outcome": "raised", "seconds": time.time() - t0,
-               "error": (str(e).strip().splitlines() or [type(e).__name__])[0][:300]}
+        rec = {"outcome": "raised", "seconds": time.time() - t0, "error": first_line(e)}
     timer.cancel()
-    report(rec)
+    write_json_atomic(teardown, rec)
     log(f"destroy_process_group: {rec}")
     sys.stdout.flush()
     os._exit(0)
