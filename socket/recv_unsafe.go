@@ -1,6 +1,7 @@
 package socket
 
 import (
+	"math"
 	"sync/atomic"
 	"unsafe"
 
@@ -37,8 +38,14 @@ const (
 	stageSize = 128 << 10
 	directMin = 4096
 	// bypassMin: after an inline message this large, the next header is
-	// read alone (fill) so its payload is not staged and copied.
-	bypassMin = 64 << 10
+	// read alone (fill) so its payload is not staged and copied: one more
+	// recv for one copy less. 32 KiB is where that pays on both hosts
+	// measured: NCCL's 64 KiB broadcast (32 KiB per channel) took 62 us per
+	// operation instead of 74 on the 16-core GPU host, medians of five
+	// alternating runs, and the harness's 32 KiB ping-pong was 1.7 us
+	// faster there and unchanged on the 2-core VM, where a system call
+	// costs 1.2-1.5 us and 16 KiB was a little slower (docs/performance.md).
+	bypassMin = 32 << 10
 )
 
 // read: every message of q has been matched and its inline payload read
@@ -280,6 +287,7 @@ func (r *recvComm) match() bool {
 		q.ctrlBusy = true
 	}
 	r.stripe(dst, ctrlLen, size, &q.left)
+	r.stats.count(size, ctrlLen, math.MaxInt) // the inline limit is the sender's
 	return true
 }
 

@@ -496,3 +496,59 @@ func TestTestReturnsOnceItsMessageIsRead(t *testing.T) {
 	require.True(t, done, "the second message, already in the socket, is read by the next test")
 	assert.Equal(t, src[1], dst[1])
 }
+
+// After a message with bypassMin bytes or more inline the receiver reads the
+// next header alone and that message's payload straight into its buffer; a
+// run of sizes on both sides of the threshold, all in the socket before the
+// first test, must still land byte for byte.
+func TestInlineSizesAroundTheDirectReadThreshold(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "0"}) // every payload inline
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	sizes := []int{bypassMin, 8, bypassMin - 1, bypassMin + 8<<10, 0, bypassMin, 100 << 10, 1, bypassMin}
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	src, dst := make([]byte, total), make([]byte, total)
+	pattern(src, 11)
+	var rqs, sqs []nccl.Request
+	off := 0
+	for _, n := range sizes {
+		q, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[off:]), Size: n, Tag: 3}})
+		require.NoError(t, err)
+		rqs = append(rqs, q)
+		off += n
+	}
+	off = 0
+	for _, n := range sizes {
+		q, err := s.Isend(bufPtr(src[off:]), n, 3, 0)
+		require.NoError(t, err)
+		sqs = append(sqs, q)
+		off += n
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for i := range sizes {
+		got := []int{-1}
+		for {
+			sd, _, err := s.Test(sqs[i])
+			require.NoError(t, err)
+			if sd {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "send %d never completed", i)
+			runtime.Gosched()
+		}
+		for {
+			done, err := r.Test(rqs[i], got)
+			require.NoError(t, err)
+			if done {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "receive %d never completed", i)
+			runtime.Gosched()
+		}
+		require.Equal(t, sizes[i], got[0], "message %d", i)
+	}
+	require.Equal(t, src, dst)
+}

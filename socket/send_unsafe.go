@@ -91,6 +91,7 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if striped {
 		s.stripe(data, 0, size, &r.left)
 	}
+	s.stats.count(size, r.ctrlLen, s.inline)
 	s.txq[(s.txHead+s.txN)%maxSends] = int16(id)
 	s.txN++
 	s.progress()

@@ -1,6 +1,7 @@
 package socket
 
 import (
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -39,7 +40,38 @@ type core struct {
 	hwg     sync.WaitGroup
 	closing atomic.Bool
 
+	send  bool // the sending end
+	stats connStats
+
 	mhSeq atomic.Uint64
+}
+
+// connStats is what a connection did, logged when it closes: whether its
+// messages travelled inline or striped, and who moved the striped chunks, is
+// what explains its latency and bandwidth (docs/troubleshooting.md). Plain
+// counters on NCCL's thread; the per-stream chunk counts are kept under the
+// stream's busy lock and read once the helpers have stopped.
+type connStats struct {
+	msgs, bytes int64
+	inline      int64 // messages whose payload went on the control stream
+	idleInline  int64 // of those, above NCCL_SOCKET_INLINE: alone in flight
+	striped     int64 // messages split over the data streams
+	wakes       int64 // helper wake-ups NCCL's thread signalled
+}
+
+// count records one message of size bytes, ctrlLen of them inline.
+func (st *connStats) count(size, ctrlLen, inlineMax int) {
+	st.msgs++
+	st.bytes += int64(size)
+	switch {
+	case ctrlLen < size:
+		st.striped++
+	case size > 0:
+		st.inline++
+		if size > inlineMax {
+			st.idleInline++
+		}
+	}
 }
 
 // conns are the descriptors of one connection, in hello order.
@@ -58,7 +90,7 @@ func (c conns) close() {
 
 // init takes ownership of cs (it closes them on failure).
 func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send bool) error {
-	c.log, c.ctrl, c.chunk, c.shareAfter = log, cs.ctrl, hi.minChunk, o.shareAfter
+	c.log, c.ctrl, c.chunk, c.shareAfter, c.send = log, cs.ctrl, hi.minChunk, o.shareAfter, send
 	c.live = liveness{fd: cs.beat, pol: o.live, next: clock.Now() + o.live.period}
 	c.peer = peerName(cs.ctrl)
 	c.streams = make([]*stream, len(cs.data))
@@ -176,6 +208,7 @@ func (c *core) close() error {
 		eventSignal(h.evfd, &h.wbuf)
 	}
 	c.hwg.Wait()
+	c.logStats()
 	for _, h := range c.helpers {
 		unix.Close(h.evfd)
 	}
@@ -185,6 +218,28 @@ func (c *core) close() error {
 		forkguard.Close(s.fd)
 	}
 	return nil
+}
+
+// logStats logs the connection's counters at INFO (NCCL_DEBUG_SUBSYS=NET);
+// the helpers have stopped.
+func (c *core) logStats() {
+	st := &c.stats
+	if st.msgs == 0 {
+		return
+	}
+	var chunks, byHelpers int64
+	for _, s := range c.streams {
+		chunks += s.chunks
+		byHelpers += s.helperChunks
+	}
+	dir, inline := "receive connection from", fmt.Sprintf("%d inline", st.inline)
+	if c.send {
+		dir = "send connection to"
+		inline = fmt.Sprintf("%d inline (%d of them above %s, alone in flight)", st.inline, st.idleInline, envInline)
+	}
+	c.log.Infof(nccl.SubsysNet, "NET/GoSocket : %s %s closed: %d messages, %d bytes; %s, %d striped in %d chunks "+
+		"over %d streams, %d of the chunks moved by helpers and %d by NCCL's thread; %d helper wake-ups",
+		dir, c.peer, st.msgs, st.bytes, inline, st.striped, chunks, len(c.streams), byHelpers, chunks-byHelpers, st.wakes)
 }
 
 func (c *core) regMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.MemHandle, error) {
@@ -238,6 +293,9 @@ type stream struct {
 	seenAt int64
 	// scratch is where discarded bytes go (receive side only).
 	scratch []byte
+	// Chunks moved in full, and how many of them by the helper (connStats);
+	// busy holder only.
+	chunks, helperChunks int64
 }
 
 func (s *stream) pending() bool { return s.head.Load() != s.tail.Load() }
@@ -252,7 +310,7 @@ func (s *stream) push(t task) {
 // move moves bytes of queued chunks until the socket would block or the
 // queue is empty; the caller holds busy. It returns whether any byte moved,
 // and a non-nil error once the stream is broken (io.EOF: the peer closed).
-func (s *stream) move() (bool, error) {
+func (s *stream) move(helper bool) (bool, error) {
 	if s.err != nil {
 		return false, s.err
 	}
@@ -294,6 +352,10 @@ func (s *stream) move() (bool, error) {
 		left := t.left
 		*t = task{}
 		s.off = 0
+		s.chunks++
+		if helper {
+			s.helperChunks++
+		}
 		s.head.Store(h + 1)
 		left.Add(-1)
 	}
@@ -324,7 +386,7 @@ func (c *core) pump(send bool) {
 		if !s.busy.CompareAndSwap(0, 1) {
 			continue
 		}
-		_, err := s.move()
+		_, err := s.move(false)
 		s.busy.Store(0)
 		if err != nil {
 			c.streamFailed(err, send)
@@ -405,6 +467,7 @@ func (c *core) stripe(p unsafe.Pointer, from, size int, left *atomic.Int32) {
 		s.push(task{p: q, n: min(cs, size-off), left: left})
 		if s.h != nil && s.h.sleeping.CompareAndSwap(true, false) {
 			eventSignal(s.h.evfd, &s.h.wbuf)
+			c.stats.wakes++
 		}
 		c.nextStream++
 		if c.nextStream == len(c.streams) {
@@ -436,7 +499,7 @@ func (h *helper) run() {
 			if !s.pending() || !s.busy.CompareAndSwap(0, 1) {
 				continue
 			}
-			m, err := s.move()
+			m, err := s.move(true)
 			s.busy.Store(0)
 			if err != nil {
 				h.c.streamFailed(err, send)
