@@ -29,6 +29,7 @@ import argparse
 import datetime
 import functools
 import json
+import math
 import os
 import platform
 import re
@@ -525,6 +526,28 @@ def run_check(torch, dist, coll, device, rank, args, log):
     return results
 
 
+# A timed loop shorter than this is mostly noise on one GPU that two processes
+# time-share in slices of about 2 ms: 100 broadcasts of 64 KiB are 7 ms, and on
+# the H200 host such windows moved the same library between 57 and 84 us per
+# operation from one run to the next (docs/performance.md).
+BENCH_ITERS_CAP = 20000
+
+
+def iters_for_time(iters, per_op, min_time, cap=BENCH_ITERS_CAP):
+    """At least iters; more where the warm-up says iters would run shorter than min_time seconds."""
+    if min_time <= 0 or per_op <= 0:
+        return iters
+    return max(iters, min(cap, math.ceil(min_time / per_op)))
+
+
+def agree_iters(torch, dist, device, iters, per_op, min_time):
+    """iters_for_time on each rank, then the largest: both ranks must run the same count."""
+    mine = iters_for_time(iters, per_op, min_time)
+    t = torch.tensor([float(mine)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def run_bench(torch, dist, coll, device, rank, args, log):
     rows = []
     sizes = geometric_sizes(args.bench_min, args.bench_max, args.factor)
@@ -559,9 +582,19 @@ def run_bench(torch, dist, coll, device, rank, args, log):
             else:
                 fn = functools.partial(coll.sendrecv, empty(nelem), ones(nelem))
             iters = max(args.bench_min_iters, min(args.bench_max_iters, args.bench_budget // max(nbytes, 1)))
-            for _ in range(max(2, iters // 5)):
+            warm = max(2, iters // 5)
+            for _ in range(warm):
                 fn()
             sync()
+            if args.bench_min_time > 0:
+                # Paced after the warm-up: a size's first operations include
+                # NCCL's connection set-up, which would make any pace look slow.
+                barrier()
+                w0 = time.perf_counter()
+                for _ in range(warm):
+                    fn()
+                sync()
+                iters = agree_iters(torch, dist, device, iters, (time.perf_counter() - w0) / warm, args.bench_min_time)
             barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
@@ -730,7 +763,8 @@ def launch_phase(name, mode, net, so_path, info, args, outdir, extra_env=None):
            "--max-bytes", str(args.max_bytes), "--factor", str(args.factor), "--dtypes", args.dtypes,
            "--seed", str(args.seed), "--bench-min", str(args.bench_min), "--bench-max", str(args.bench_max),
            "--bench-budget", str(args.bench_budget), "--bench-min-iters", str(args.bench_min_iters),
-           "--bench-max-iters", str(args.bench_max_iters), "--bench-ops", args.bench_ops]
+           "--bench-max-iters", str(args.bench_max_iters), "--bench-min-time", str(args.bench_min_time),
+           "--bench-ops", args.bench_ops]
     if args.corrupt:
         cmd += ["--corrupt", args.corrupt]
     procs, files = [], []
@@ -1337,6 +1371,9 @@ def build_parser():
                        help="collectives the bandwidth phases measure, comma-separated")
         p.add_argument("--bench-min-iters", type=int, default=5)
         p.add_argument("--bench-max-iters", type=int, default=100)
+        p.add_argument("--bench-min-time", type=float, default=env_default("E2E_BENCH_MIN_TIME", 0.25, float),
+                       help="seconds a size's timed loop lasts at least (iterations from the warm-up's pace, "
+                            f"at most {BENCH_ITERS_CAP}); 0: iterations from the budget alone")
 
     s = sub.add_parser("suite", help="run all phases and write results.md")
     common(s)

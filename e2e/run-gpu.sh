@@ -8,7 +8,7 @@
 # copied from the machine that built them. Defaults: build/libnccl-net-go.so,
 # build/libnccl-net-go-v9v10.so, output in build/e2e. Settings through the
 # environment: E2E_PYTHON (python3), E2E_IFNAME (lo), E2E_MAX_BYTES, E2E_DTYPES,
-# E2E_BENCH_MIN/MAX, E2E_GO_TRANSPORT (socket), E2E_CUMEM, E2E_PHASE_TIMEOUT;
+# E2E_BENCH_MIN/MAX/MIN_TIME, E2E_GO_TRANSPORT (socket), E2E_CUMEM, E2E_PHASE_TIMEOUT;
 # see `python3 e2e/nccl_e2e.py suite --help` and docs/e2e-gpu.md.
 #
 # Exit status: 0 passed, 1 a check failed, 2 usage, 77 no GPU/torch here.

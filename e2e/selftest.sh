@@ -108,7 +108,7 @@ if [ -z "$torch_py" ]; then
   exit 0
 fi
 
-small=(--max-bytes 65536 --bench-min 1024 --bench-max 262144 --bench-budget 8388608)
+small=(--max-bytes 65536 --bench-min 1024 --bench-max 262144 --bench-budget 8388608 --bench-min-time 0.02)
 echo "e2e-selftest: gloo dry run of the suite"
 if ! PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/dry" "${small[@]}" \
     >"$work/dry.out" 2>&1; then
@@ -123,7 +123,7 @@ done
 
 echo "e2e-selftest: gloo dry run of alternating bandwidth runs on chosen collectives, with a variant arm"
 if ! PYTHONDONTWRITEBYTECODE=1 "$torch_py" "$here/nccl_e2e.py" suite --backend gloo --out "$work/runs" --skip-check \
-    --bench-runs 2 --bench-ops sendrecv,broadcast --bench-min 1024 --bench-max 4096 --bench-budget 1048576 \
+    --bench-runs 2 --bench-ops sendrecv,broadcast --bench-min 1024 --bench-max 4096 --bench-budget 1048576 --bench-min-time 0.02 \
     --bench-variant share0:NCCL_GO_SOCKET_SHARE_AFTER=0 >"$work/runs.out" 2>&1; then
   cat "$work/runs.out"; echo "e2e-selftest: FAIL the --bench-runs dry run failed" >&2; exit 1
 fi

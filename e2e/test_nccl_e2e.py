@@ -137,6 +137,25 @@ class SizesAndFormulas(unittest.TestCase):
         self.assertIn("| 1 KiB | 2.000 | 1.000 | - | - | 2.00 - |", rows)
 
 
+class BenchIterations(unittest.TestCase):
+    def test_short_loops_are_stretched_to_the_minimum_time(self):
+        # 100 broadcasts of 64 KiB at 70 us are 7 ms; 0.25 s needs 3572.
+        self.assertEqual(e.iters_for_time(100, 70e-6, 0.25), 3572)
+
+    def test_long_loops_keep_the_budget_count(self):
+        self.assertEqual(e.iters_for_time(16, 0.020, 0.25), 16)
+
+    def test_capped_and_off(self):
+        self.assertEqual(e.iters_for_time(100, 1e-9, 0.25), e.BENCH_ITERS_CAP)
+        self.assertEqual(e.iters_for_time(100, 70e-6, 0), 100)
+        self.assertEqual(e.iters_for_time(100, 0.0, 0.25), 100)
+
+    def test_rank_gets_the_setting(self):
+        args = e.build_parser().parse_args(["suite", "--bench-min-time", "0.5"])
+        self.assertEqual(args.bench_min_time, 0.5)
+        self.assertEqual(e.build_parser().parse_args(["suite"]).bench_min_time, 0.25)
+
+
 class NcclVersions(unittest.TestCase):
     def test_parse_nccl_version(self):
         self.assertEqual(e.parse_nccl_version((2, 27, 5)), (2, 27, 5))
