@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -90,3 +92,24 @@ func (l *captureLog) String() string {
 func netip_MustParseAddrPort(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
 func itoa(i int) string { return fmt.Sprint(i) }
+
+// postRecvs posts one receive of each size, back to back in one buffer, and
+// returns the bytes the sender is to send (a pattern), that buffer, and the
+// requests in order.
+func postRecvs(t *testing.T, r nccl.RecvComm, sizes []int, tag, seed int) (src, dst []byte, rqs []nccl.Request) {
+	t.Helper()
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	src, dst = make([]byte, total), make([]byte, total)
+	pattern(src, seed)
+	off := 0
+	for _, n := range sizes {
+		q, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[off:]), Size: n, Tag: tag}})
+		require.NoError(t, err)
+		rqs = append(rqs, q)
+		off += n
+	}
+	return src, dst, rqs
+}

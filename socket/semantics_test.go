@@ -506,21 +506,9 @@ func TestInlineSizesAroundTheDirectReadThreshold(t *testing.T) {
 	tr := initLoopback(t, &captureLog{})
 	s, r := pair(t, tr)
 	sizes := []int{bypassMin, 8, bypassMin - 1, bypassMin + 8<<10, 0, bypassMin, 100 << 10, 1, bypassMin}
-	total := 0
-	for _, n := range sizes {
-		total += n
-	}
-	src, dst := make([]byte, total), make([]byte, total)
-	pattern(src, 11)
-	var rqs, sqs []nccl.Request
+	src, dst, rqs := postRecvs(t, r, sizes, 3, 11)
+	var sqs []nccl.Request
 	off := 0
-	for _, n := range sizes {
-		q, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[off:]), Size: n, Tag: 3}})
-		require.NoError(t, err)
-		rqs = append(rqs, q)
-		off += n
-	}
-	off = 0
 	for _, n := range sizes {
 		q, err := s.Isend(bufPtr(src[off:]), n, 3, 0)
 		require.NoError(t, err)

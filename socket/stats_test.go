@@ -31,20 +31,8 @@ func TestCloseLogsWhereMessagesWent(t *testing.T) {
 	// rule), then two 512 KiB messages in flight together (striped: above
 	// the idle limit, one 256 KiB chunk per stream each).
 	sizes := []int{8, 64 << 10, 512 << 10, 512 << 10}
-	total := 0
-	for _, n := range sizes {
-		total += n
-	}
-	src, dst := make([]byte, total), make([]byte, total)
-	pattern(src, 7)
-	var rqs, sqs []nccl.Request
-	off := 0
-	for _, n := range sizes {
-		q, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[off:]), Size: n, Tag: 1}})
-		require.NoError(t, err)
-		rqs = append(rqs, q)
-		off += n
-	}
+	src, dst, rqs := postRecvs(t, r, sizes, 1, 7)
+	var sqs []nccl.Request
 	drive := func(from, to int) {
 		deadline := time.Now().Add(10 * time.Second)
 		sdone, rdone := make([]bool, len(sizes)), make([]bool, len(sizes))
@@ -68,7 +56,7 @@ func TestCloseLogsWhereMessagesWent(t *testing.T) {
 			runtime.Gosched()
 		}
 	}
-	off = 0
+	off := 0
 	for i, n := range sizes {
 		q, err := s.Isend(bufPtr(src[off:]), n, 1, 0)
 		require.NoError(t, err)
@@ -85,7 +73,7 @@ func TestCloseLogsWhereMessagesWent(t *testing.T) {
 	require.NoError(t, r.Close())
 
 	out := log.String()
-	want := strconv.Itoa(len(sizes)) + " messages, " + strconv.Itoa(total) + " bytes; "
+	want := strconv.Itoa(len(sizes)) + " messages, " + strconv.Itoa(len(src)) + " bytes; "
 	sendRe := regexp.MustCompile(`send connection to \S+ closed: ` + regexp.QuoteMeta(want) +
 		`2 inline \(1 of them above NCCL_SOCKET_INLINE, alone in flight\), 2 striped in 4 chunks over 2 streams, ` +
 		`(\d+) of the chunks moved by helpers and (\d+) by NCCL's thread; (\d+) helper wake-ups`)
