@@ -1,7 +1,6 @@
 package socket
 
 import (
-	"math"
 	"sync/atomic"
 	"unsafe"
 
@@ -287,7 +286,7 @@ func (r *recvComm) match() bool {
 		q.ctrlBusy = true
 	}
 	r.stripe(dst, ctrlLen, size, &q.left)
-	r.stats.count(size, ctrlLen, math.MaxInt) // the inline limit is the sender's
+	r.stats.count(size, ctrlLen, false) // why it went inline is the sender's to know
 	return true
 }
 

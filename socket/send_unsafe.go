@@ -72,7 +72,8 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	// idleInline is latency-bound, and splitting it over streams costs
 	// more syscalls on each side than writing it in one piece.
 	idle := s.reqs.InUse() == 0
-	striped := size > s.inline && len(s.streams) > 0 && (size > s.idleInline || !idle)
+	stripable := size > s.inline && len(s.streams) > 0
+	striped := stripable && (size > s.idleInline || !idle)
 	if striped && !s.canStripe() {
 		return nccl.NoRequest, nil
 	}
@@ -91,7 +92,7 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if striped {
 		s.stripe(data, 0, size, &r.left)
 	}
-	s.stats.count(size, r.ctrlLen, s.inline)
+	s.stats.count(size, r.ctrlLen, stripable && !striped)
 	s.txq[(s.txHead+s.txN)%maxSends] = int16(id)
 	s.txN++
 	s.progress()

@@ -89,3 +89,32 @@ func TestCloseLogsWhereMessagesWent(t *testing.T) {
 		assert.Equal(t, 4, byHelpers+byNCCL, "every chunk was moved by someone")
 	}
 }
+
+// Without data streams every payload goes inline whatever its size: none of
+// them went inline by the idle rule, and the summary must not say so.
+func TestCloseSummaryWithoutStreams(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "0"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	s, r := pair(t, tr)
+	sizes := []int{64 << 10}
+	src, dst, rqs := postRecvs(t, r, sizes, 1, 5)
+	sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for sd, rd := false, false; !sd || !rd; runtime.Gosched() {
+		require.True(t, time.Now().Before(deadline), "the message never completed")
+		if !sd {
+			sd, _, err = s.Test(sq)
+			require.NoError(t, err)
+		}
+		if !rd {
+			rd, err = r.Test(rqs[0], []int{0})
+			require.NoError(t, err)
+		}
+	}
+	require.Equal(t, src, dst)
+	require.NoError(t, s.Close())
+	assert.Contains(t, log.String(), "closed: 1 messages, 65536 bytes; 1 inline (0 of them above NCCL_SOCKET_INLINE, "+
+		"alone in flight), 0 striped in 0 chunks over 0 streams")
+}

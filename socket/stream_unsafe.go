@@ -59,8 +59,9 @@ type connStats struct {
 	wakes       int64 // helper wake-ups NCCL's thread signalled
 }
 
-// count records one message of size bytes, ctrlLen of them inline.
-func (st *connStats) count(size, ctrlLen, inlineMax int) {
+// count records one message of size bytes, ctrlLen of them inline;
+// idleRule: it went inline only because it was alone in flight.
+func (st *connStats) count(size, ctrlLen int, idleRule bool) {
 	st.msgs++
 	st.bytes += int64(size)
 	switch {
@@ -68,7 +69,7 @@ func (st *connStats) count(size, ctrlLen, inlineMax int) {
 		st.striped++
 	case size > 0:
 		st.inline++
-		if size > inlineMax {
+		if idleRule {
 			st.idleInline++
 		}
 	}
