@@ -528,7 +528,7 @@ def run_check(torch, dist, coll, device, rank, args, log):
 
 # A timed loop shorter than this is mostly noise on one GPU that two processes
 # time-share in slices of about 2 ms: 100 broadcasts of 64 KiB are 7 ms, and on
-# the H200 host such windows moved the same library between 57 and 84 us per
+# the H200 host such windows gave the same library and settings 54 to 80 us per
 # operation from one run to the next (docs/performance.md).
 BENCH_ITERS_CAP = 20000
 
