@@ -28,6 +28,7 @@ const (
 	envHelpers      = "NCCL_GO_SOCKET_HELPERS"
 	envLocalSndBuf  = "NCCL_GO_SOCKET_LOCAL_SNDBUF"
 	envShareAfter   = "NCCL_GO_SOCKET_SHARE_AFTER"
+	envQuickAck     = "NCCL_GO_SOCKET_QUICKACK"
 
 	defaultHelloWait = 10 * time.Second
 
@@ -85,6 +86,22 @@ const (
 	// (an oversubscribed host) costs a tenth of a millisecond, not a stall.
 	defaultShareAfter = 100 * time.Microsecond
 
+	// ackReassert: the receiving end of a control stream clears
+	// TCP_QUICKACK again after this many reads that brought data. The kernel
+	// leaves its delayed-ACK ("ping-pong") mode when its delayed-ACK timer
+	// fires (a quiet stream with a message left unacknowledged for 40 ms
+	// or more) or on a retransmitted segment, and a connection that never
+	// sends data never enters it again by itself: NCCL's bursts, one per
+	// collective with idle gaps between training steps, would leave it at
+	// every gap. One setsockopt per 64 reads (a few percent of one read's
+	// cost) bounds the time spent outside it without a clock read.
+	ackReassert = 64
+	// ackSmallMax: a control stream whose messages carried more than this
+	// inline within the last ackReassert reads gets the kernel's ACK rule
+	// back (setAckMode). At 64 KiB and below the two rules moved the same
+	// (harness bw, 2-core VM); a 32 KiB ping-pong gained from delayed ACKs.
+	ackSmallMax = 64 << 10
+
 	// auto is NCCL's "pick for me" value of NCCL_SOCKET_NTHREADS and
 	// NCCL_NSOCKS_PERTHREAD (and of our NCCL_GO_SOCKET_HELPERS).
 	auto = -2
@@ -120,6 +137,8 @@ var (
 	shareAfter = env.Duration(envShareAfter, defaultShareAfter, time.Microsecond,
 		"how long a data stream with a helper may go without progress before NCCL's thread moves its chunks itself, microseconds; 0: at once (NCCL's thread races the helpers for every chunk)").
 		In(0, time.Second)
+	quickAck = env.Bool(envQuickAck, false,
+		"1: the receiving end of a connection acknowledges every small message at once (the kernel's rule for a connection that only receives); 0: it delays the acknowledgement, as the kernel does for request-response traffic, and acknowledges every second small message")
 )
 
 // The shared settings' names, for the hints in WARNs.
