@@ -88,3 +88,30 @@ func TestPaceEvery(t *testing.T) {
 		}
 	}
 }
+
+// A yield usually brings NCCL's thread back on another P, whose schedtick
+// the yield renewed. Crediting the period to the P left behind made the
+// thread yield again at the next clock read on the new P: twice the yields,
+// each waking three threads (docs/performance.md, "Yields on the P they
+// renew").
+func TestRefreshSchedCreditsThePTheYieldEndsOn(t *testing.T) {
+	var table paceTable
+	yields := 0
+	pid := 0
+	yield := func() int { yields++; return 1 - pid } // always comes back on the other P
+	start := time.Now()
+	calls := 0
+	for time.Since(start) < 100*time.Millisecond {
+		table.refresh(pid, func() int { pid = yield(); return pid })
+		calls++
+	}
+	elapsed := time.Since(start)
+	periods := int64(elapsed / (schedRefresh * time.Nanosecond))
+	t.Logf("%d calls in %v alternating between two Ps: %d yields (%d periods)", calls, elapsed, yields, periods)
+	if yields < 1 {
+		t.Fatalf("no yield in %v of polling", elapsed)
+	}
+	if int64(yields) > periods+1 {
+		t.Fatalf("%d yields in %v when each yield lands on the other P, want at most %d (one per %v)", yields, elapsed, periods+1, schedRefresh*time.Nanosecond)
+	}
+}

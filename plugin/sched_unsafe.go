@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"runtime"
 	"sync/atomic"
 	_ "unsafe" // go:linkname
 
@@ -17,16 +16,29 @@ import (
 // starts retaking that P whenever the thread is back in C, and, having
 // retaken something, sysmon never lengthens its 20 µs nap: thousands of
 // wake-ups a second per process, on the cores NCCL's threads spin on. A
-// runtime.Gosched every few milliseconds gives the P a new schedtick, and
-// sysmon backs off to its 10 ms nap. The pace is kept per P: that is what
-// sysmon watches, the runtime has no cheap thread identity, and a proxy
-// thread that polls many comms must still yield only once per period.
+// yield every few milliseconds gives the P a new schedtick, and sysmon backs
+// off to its 10 ms nap. The pace is kept per P: that is what sysmon watches,
+// the runtime has no cheap thread identity, and a proxy thread that polls
+// many comms must still yield only once per period.
+//
+// The yield is runtime.goyield, not runtime.Gosched. The goroutine is locked
+// to NCCL's thread, so either way the thread hands its P to another thread,
+// which finds the goroutine and hands the P back. Gosched puts the goroutine
+// on the global run queue and also wakes a spinning thread with an idle P to
+// look for it: three wake-ups per yield, and the thread usually comes back
+// with the other P. goyield queues it on the P itself, whose new thread runs
+// it first: two wake-ups, and the same P. goyield is one of the runtime's
+// linknamed symbols that it promises to keep (go.dev/issue/67401), as is
+// procPin.
 
 //go:linkname procPin runtime.procPin
 func procPin() int
 
 //go:linkname procUnpin runtime.procUnpin
 func procUnpin()
+
+//go:linkname goyield runtime.goyield
+func goyield()
 
 const (
 	// schedCheckEvery: the most calls on a P between two reads of the clock,
@@ -44,8 +56,8 @@ const (
 	schedCheckGap = 1_000_000 // ns
 	// schedRefresh: the longest a P polled by NCCL goes without passing
 	// through the scheduler, kept under sysmon's 10 ms forcePreemptNS. 5 ms
-	// gave the same tail with 1.5x the futex wake-ups (each Gosched wakes an
-	// idle P's thread); docs/performance.md has the figures.
+	// gave the same tail with 1.5x the futex wake-ups (each yield wakes
+	// threads); docs/performance.md has the figures.
 	schedRefresh = 8_000_000 // ns
 )
 
@@ -60,19 +72,39 @@ type schedPace struct {
 	_     [40]byte      // a cache line per P: NCCL's threads run on different Ps
 }
 
-// schedPaces covers P ids below its length; a P beyond it (GOMAXPROCS above
-// 256) is left to sysmon.
-var schedPaces [256]schedPace
+// paceTable holds one pace per P id; a P beyond it (GOMAXPROCS above 256) is
+// left to sysmon.
+type paceTable [256]schedPace
+
+var schedPaces paceTable
 
 // refreshSched is called on every test. It costs three loads and a store,
 // plus a clock read every p.every-th call on the P.
 func refreshSched() {
+	schedPaces.refresh(currentP(), yieldP)
+}
+
+// currentP is the id of the P the calling goroutine holds.
+func currentP() int {
 	pid := procPin()
 	procUnpin()
-	if pid >= len(schedPaces) {
+	return pid
+}
+
+// yieldP passes through the scheduler and returns the P the goroutine holds
+// afterwards.
+func yieldP() int {
+	schedYield()
+	return currentP()
+}
+
+// refresh is refreshSched on P pid; yield passes through the scheduler and
+// returns the P the thread comes back with.
+func (t *paceTable) refresh(pid int, yield func() int) {
+	if pid >= len(t) {
 		return
 	}
-	p := &schedPaces[pid]
+	p := &t[pid]
 	every := max(p.every.Load(), 1)
 	n := p.calls.Load() + 1
 	if n < every {
@@ -88,8 +120,21 @@ func refreshSched() {
 	if now-p.last.Load() < schedRefresh {
 		return
 	}
-	p.last.Store(now)
-	schedYield()
+	// The thread comes back with whichever P ran its goroutine: with
+	// goyield the one it left, but not when another thread stole the
+	// goroutine meanwhile (and with Gosched usually not). Running the
+	// goroutine gave that P the new schedtick, so its period starts now.
+	// Starting the period on the P left behind had the thread find the new
+	// P's period long over at its next clock read and yield again: with
+	// Gosched, two yields per period.
+	q := yield()
+	if q >= len(t) {
+		return
+	}
+	r := &t[q]
+	r.last.Store(now)
+	r.check.Store(now)
+	r.calls.Store(0)
 }
 
 // paceEvery is the next count of calls between clock reads, given the count
@@ -104,5 +149,5 @@ func paceEvery(every uint32, gap int64) uint32 {
 	return every
 }
 
-// schedYield is runtime.Gosched; tests count the yields through it.
-var schedYield = runtime.Gosched
+// schedYield is runtime.goyield; tests count the yields through it.
+var schedYield = goyield
