@@ -94,3 +94,36 @@ func TestBulkStreamGetsTheKernelsAckRule(t *testing.T) {
 	}
 	require.Equal(t, 0, quick(), "messages of ackSmallMax are small")
 }
+
+// A failed switch stops the attempts and says once which mode the stream is
+// left in: the INFO docs/troubleshooting.md explains.
+func TestAckModeFailureSaysWhichModeStays(t *testing.T) {
+	for _, tc := range []struct {
+		delayed bool
+		stays   string
+	}{
+		{true, "stays with the kernel's ACK rule"},
+		{false, "stays with delayed ACKs"},
+	} {
+		log := &captureLog{}
+		tr := initLoopback(t, log)
+		s, r := pair(t, tr)
+		r.ackDelayed = !tc.delayed // so that the call has something to switch
+		// setsockopt on a pipe fails (ENOTSOCK) as it would on a socket the
+		// kernel refuses the option for.
+		var p [2]int
+		require.NoError(t, unix.Pipe(p[:]))
+		ctrl := r.ctrl
+		r.ctrl = p[0]
+		r.setAckMode(tc.delayed)
+		r.ctrl = ctrl
+		unix.Close(p[0])
+		unix.Close(p[1])
+		require.Zero(t, r.ackEvery, "the attempts stop")
+		require.Contains(t, log.String(), "INFO NET/GoSocket : receive connection from")
+		require.Contains(t, log.String(), tc.stays+": setting TCP_QUICKACK failed")
+		exchange(t, s, r, 8) // and data still moves
+		s.Close()
+		r.Close()
+	}
+}

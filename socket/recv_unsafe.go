@@ -174,7 +174,11 @@ func (r *recvComm) setAckMode(delayed bool) {
 	}
 	if err := setAcks(r.ctrl, delayed); err != nil {
 		r.ackEvery = 0
-		r.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s acknowledges every message at once: setting TCP_QUICKACK failed: %v", r.peer, err)
+		mode := "delayed ACKs"
+		if delayed {
+			mode = "the kernel's ACK rule"
+		}
+		r.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s stays with %s: setting TCP_QUICKACK failed: %v", r.peer, mode, err)
 		return
 	}
 	r.ackDelayed = delayed
