@@ -230,14 +230,22 @@ kill_trials() {
 }
 
 # threads_sampler FILE: every 5 s, "<pid> <threads>" for each process running the
-# harness binary (its rank processes load the plugin), until killed.
+# harness binary (its rank processes load the plugin), until killed. Shell
+# builtins only: under TCG every fork and exec is emulated, and
+# the first version (cat, basename and cut for each of the guest's /proc
+# entries) forked hundreds of times per pass, on the vCPUs the two harness
+# ranks spin on, while ib_write_bw, whose server sleeps, left it a vCPU: it
+# slowed the harness's rounds alone (docs/performance.md, "The lane's own
+# sampler").
 threads_sampler() {
-  local f=$1 p name
+  local f=$1 p name want=${HARNESS##*/} tasks
+  want=${want:0:15}
   while sleep 5; do
     for p in /proc/[0-9]*; do
-      name=$(cat "$p/comm" 2>/dev/null) || continue
-      [ "$name" = "$(basename "$HARNESS" | cut -c1-15)" ] || continue
-      echo "${p#/proc/} $(ls "$p/task" 2>/dev/null | wc -l)" >>"$f"
+      read -r name <"$p/comm" 2>/dev/null || continue
+      [ "$name" = "$want" ] || continue
+      tasks=("$p"/task/*)
+      echo "${p#/proc/} ${#tasks[@]}" >>"$f"
     done
   done
 }
