@@ -92,8 +92,8 @@ func TestPaceEvery(t *testing.T) {
 // A yield usually brings NCCL's thread back on another P, whose schedtick
 // the yield renewed. Crediting the period to the P left behind made the
 // thread yield again at the next clock read on the new P: twice the yields,
-// each waking three threads (docs/performance.md, "Yields on the P they
-// renew").
+// each waking three threads (docs/performance.md, "Yields that wake fewer
+// threads").
 func TestRefreshSchedCreditsThePTheYieldEndsOn(t *testing.T) {
 	var table paceTable
 	yields := 0
