@@ -140,6 +140,7 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 		return 0, nccl.Success
 	}
 	id, err := e.send.Isend(data, int(size), tag, nccl.MemHandle(mh))
+	refreshSchedPosted(id, err)
 	if err != nil || id < 0 {
 		if err == nil && id == nccl.NoRequest && e.stallWarn > 0 {
 			// Only a refusal with nothing else in flight is this comm's
@@ -189,6 +190,7 @@ func (e *commEntry) irecv(n int, phandles []uintptr) (uintptr, nccl.Result) {
 		return 0, nccl.Success
 	}
 	id, err := e.recv.Irecv(e.bufs[:n])
+	refreshSchedPosted(id, err)
 	if err != nil || id < 0 {
 		return 0, e.refused("irecv", idx, id, err)
 	}
@@ -214,6 +216,7 @@ func (e *commEntry) iflush(n int) (uintptr, nccl.Result) {
 		return 0, e.callFailed("iflush", nccl.Errorf(nccl.InternalError, "all %d request slots of this comm are in flight; a flush cannot wait for one", len(e.reqs.slots)))
 	}
 	id, err := e.recv.Iflush(e.bufs[:n])
+	refreshSchedPosted(id, err)
 	// A NULL flush request from the transport is one NCCL counts as done.
 	if err != nil || id < 0 {
 		return 0, e.refused("iflush", idx, id, err)

@@ -2,9 +2,12 @@ package plugin
 
 import (
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 )
 
 // countYields makes schedYield count its calls until the test ends.
@@ -53,6 +56,9 @@ func TestRefreshSchedYieldsOncePerPeriod(t *testing.T) {
 func TestRefreshSchedDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(10000, refreshSched); n != 0 {
 		t.Fatalf("%v allocations per call", n)
+	}
+	if n := testing.AllocsPerRun(10000, func() { refreshSchedPosted(0, nil) }); n != 0 {
+		t.Fatalf("%v allocations per post", n)
 	}
 }
 
@@ -113,5 +119,73 @@ func TestRefreshSchedCreditsThePTheYieldEndsOn(t *testing.T) {
 	}
 	if int64(yields) > periods+1 {
 		t.Fatalf("%d yields in %v when each yield lands on the other P, want at most %d (one per %v)", yields, elapsed, periods+1, schedRefresh*time.Nanosecond)
+	}
+}
+
+// A post's time is the least predictable part of a message: under rxe an
+// ibv_post_send is a system call doing the NIC's work, milliseconds under
+// emulation. Counted tests alone let the clock go unread across a run of
+// slow posts once fast tests had grown the count: in the Soft-RoCE lane the
+// receiving rank went 15 ms between yields one period in ten, and sysmon
+// took its P 25 times a second (docs/performance.md, "Posts read the
+// clock"). Here each cycle is 4 ms of fast tests (the count grows to its
+// cap), then 20 posts of 1 ms with one test after each.
+func TestRefreshSchedReadsTheClockAfterEveryPost(t *testing.T) {
+	var table paceTable
+	var at []time.Time
+	yield := func() int { at = append(at, time.Now()); return 0 }
+	busy := func(d time.Duration) {
+		for t0 := time.Now(); time.Since(t0) < d; {
+		}
+	}
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		for t0 := time.Now(); time.Since(t0) < 4*time.Millisecond; {
+			table.refresh(0, yield)
+		}
+		for i := 0; i < 20; i++ {
+			busy(time.Millisecond)
+			table.refreshNow(0, yield)
+			table.refresh(0, yield)
+		}
+	}
+	if len(at) < 3 {
+		t.Fatalf("%d yields in %v", len(at), time.Since(start))
+	}
+	gaps := make([]time.Duration, 0, len(at)-1)
+	for i := 1; i < len(at); i++ {
+		gaps = append(gaps, at[i].Sub(at[i-1]))
+	}
+	slices.Sort(gaps)
+	median := gaps[len(gaps)/2]
+	t.Logf("%d yields in %v; gaps between them: median %v, longest %v", len(at), time.Since(start), median, gaps[len(gaps)-1])
+	// sysmon preempts a P whose schedtick is 10 ms old (forcePreemptNS).
+	if median > 10*time.Millisecond {
+		t.Fatalf("median gap between yields %v across slow posts, want under sysmon's 10 ms", median)
+	}
+}
+
+// A post that ends 10 ms or more after the period began ends after sysmon
+// has taken the P (forcePreemptNS): in the Soft-RoCE lane one 1 MiB
+// ibv_post_send lasts 13 ms. A yield then only adds two thread switches;
+// the next test's clock read decides instead.
+func TestRefreshNowYieldsOnlyBeforeSysmonsDeadline(t *testing.T) {
+	var table paceTable
+	yields := 0
+	yield := func() int { yields++; return 0 }
+	p := &table[0]
+	p.last.Store(clock.Now() - 12_000_000)
+	table.refreshNow(0, yield)
+	if yields != 0 {
+		t.Fatalf("a post ending 12 ms into the period yielded")
+	}
+	p.last.Store(clock.Now() - 9_000_000)
+	table.refreshNow(0, yield)
+	if yields != 1 {
+		t.Fatalf("a post ending 9 ms into the period: %d yields, want 1", yields)
+	}
+	table.refreshNow(0, yield)
+	if yields != 1 {
+		t.Fatalf("a post right after a yield yielded again")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	_ "unsafe" // go:linkname
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 // Keeping sysmon quiet while NCCL's threads poll (docs/performance.md,
@@ -59,6 +60,8 @@ const (
 	// gave the same tail with 1.5x the futex wake-ups (each yield wakes
 	// threads); docs/performance.md has the figures.
 	schedRefresh = 8_000_000 // ns
+	// schedPreempt is sysmon's forcePreemptNS.
+	schedPreempt = 10_000_000 // ns
 )
 
 // schedPace is one P's pace. Only the thread holding the P writes it; the
@@ -82,6 +85,25 @@ var schedPaces paceTable
 // plus a clock read every p.every-th call on the P.
 func refreshSched() {
 	schedPaces.refresh(currentP(), yieldP)
+}
+
+// refreshSchedPosted is called after every isend, irecv and iflush with
+// what the transport answered. A post is the call whose time is least
+// predictable (under rxe, ibv_post_send is a system call doing the NIC's
+// work: 0.2 to 3 ms for one clear-to-send or 64 KiB write under emulation),
+// and counted tests do not see it: in the Soft-RoCE lane a receiver whose
+// tests had grown the count went 15 ms or more between yields one period in
+// ten, and sysmon took its P 25 times a second (docs/performance.md, "Posts
+// read the clock"). So a post reads the clock, one read per message. A
+// refusal (NCCL retries at once) or a failure posted nothing and counts as
+// a test: the lane's 1 MiB sender, retrying isend until a clear-to-send
+// came, yielded from those retries and lost a sixth of its stream.
+func refreshSchedPosted(id nccl.Request, err error) {
+	if err != nil || id < 0 {
+		schedPaces.refresh(currentP(), yieldP)
+		return
+	}
+	schedPaces.refreshNow(currentP(), yieldP)
 }
 
 // currentP is the id of the P the calling goroutine holds.
@@ -117,6 +139,29 @@ func (t *paceTable) refresh(pid int, yield func() int) {
 		p.every.Store(paceEvery(every, now-prev))
 	}
 	p.check.Store(now)
+	t.due(p, now, yield)
+}
+
+// refreshNow is refresh with a clock read whatever the count: for a call
+// that may have lasted long. It leaves the count and its last read alone:
+// the count adapts to how long tests take between two of its reads, and a
+// post between them is part of that time. A post that ends schedPreempt or
+// more into the period ended after sysmon took the P; yielding then only
+// costs the two thread switches, so the next test's read decides.
+func (t *paceTable) refreshNow(pid int, yield func() int) {
+	if pid >= len(t) {
+		return
+	}
+	p := &t[pid]
+	now := clock.Now()
+	if now-p.last.Load() >= schedPreempt {
+		return
+	}
+	t.due(p, now, yield)
+}
+
+// due yields if pace p's period is over at now.
+func (t *paceTable) due(p *schedPace, now int64, yield func() int) {
 	if now-p.last.Load() < schedRefresh {
 		return
 	}
