@@ -97,7 +97,7 @@ func refreshSched() {
 // read the clock"). So a post reads the clock, one read per message. A
 // refusal (NCCL retries at once) or a failure posted nothing and counts as
 // a test: the lane's 1 MiB sender, retrying isend until a clear-to-send
-// came, yielded from those retries and lost a sixth of its stream.
+// came, yielded from those retries and lost about a seventh of its stream.
 func refreshSchedPosted(id nccl.Request, err error) {
 	if err != nil || id < 0 {
 		schedPaces.refresh(currentP(), yieldP)
