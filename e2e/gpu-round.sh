@@ -119,7 +119,7 @@ kill_check() {
 }
 
 harness() {
-  NCCL_SOCKET_IFNAME=lo "$build/ncclnet-harness" bench --plugin "$build/libnccl-net-go.so" all
+  NCCL_SOCKET_IFNAME=lo "$build/ncclnet-harness" bench --plugin "$build/libnccl-net-go.so" --verbose all
 }
 
 if [ -n "${step_name:-}" ]; then

@@ -438,6 +438,17 @@ static void print_row_end(const usage_t u[2], bool plugin_row, double plugin, do
   printf(" %8.0f%%/%-4d %8.0f%%/%-4d %12s\n", u[0].cpu, u[0].threads, u[1].cpu, u[1].threads, ratio);
 }
 
+/* --verbose: every round's figure under its median, in the order the rounds
+ * ran, so that a slow spell (a state that lasts rounds) shows as such. */
+static void print_rounds(const double* v, const char* fmt) {
+  printf("%8s %6s  %-10s", "", "", "rounds");
+  for (int i = 0; i < rounds; i++) {
+    printf(" ");
+    printf(fmt, v[i]);
+  }
+  printf("\n");
+}
+
 /* The price of one idle pass, NCCL's most frequent call: a test of a receive
  * nothing has arrived for (cgo callback, handle lookup, the transport's poll),
  * next to what the same poll costs a C program (recv() on an idle TCP socket)
@@ -528,6 +539,7 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
       double med = median(lr->med[m]), p99 = median(lr->p99[m]);
       printf("%8s %6d  %-10s %9.2f %9.2f", m == 0 ? s1 : "", lat_iters(b->a, sz), LAT_NAME[m], med, p99);
       print_row_end(lr->u[m][median_round(lr->med[m])], m == LAT_PLUGIN, pm, med);
+      if (b->a->o->verbose) print_rounds(lr->med[m], "%.2f");
     }
   }
   return 0;
@@ -558,12 +570,30 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
       double g = median(br->gbs[m]);
       printf("%8s %6d  %-10s %9.3f", m == 0 ? s1 : "", bw_count(b->a, sz), BW_NAME[m], g);
       print_row_end(br->u[m][median_round(br->gbs[m])], m == BW_PLUGIN, pg, g);
+      if (b->a->o->verbose) print_rounds(br->gbs[m], "%.3f");
     }
   }
   return 0;
 }
 
 /* The ratios issue #10 sets targets for, from this run's figures. */
+/* A bandwidth ratio's rounds, when one of the two figures' rounds spread by
+ * 2x or more: on a shared VM a slow spell of the whole machine (it hits
+ * plain TCP as much as the plugin, docs/performance.md "Slow spells") can
+ * cover two of three rounds and move a median by half. */
+static void print_spread(const char* name, const double v[BENCH_MAX_ROUNDS]) {
+  double lo = v[0], hi = v[0];
+  for (int i = 1; i < rounds; i++) {
+    if (v[i] < lo) lo = v[i];
+    if (v[i] > hi) hi = v[i];
+  }
+  if (lo <= 0 || hi < 2 * lo) return;
+  printf("  %-52s", "");
+  printf(" %s rounds spread %.1fx:", name, hi / lo);
+  for (int i = 0; i < rounds; i++) printf(" %.3f", v[i]);
+  printf(" GB/s (a slow spell? rerun)\n");
+}
+
 static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_res_t* bw) {
   printf("\nsummary (ratios against baselines measured in this run):\n");
   if (a->lat && a->lat_sizes[0] == 8) {
@@ -586,11 +616,15 @@ static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_r
       fmt_size(s1, sizeof s1, x4[k]);
       snprintf(what, sizeof what, "%s bandwidth, plugin / TCP x4", s1);
       print_ratio(what, p, t, 1.0, true);
+      print_spread("plugin", r->gbs[BW_PLUGIN]);
+      if (t > 0) print_spread("TCP x4", r->gbs[BW_TCP4]);
     }
     if (bw_index(a, 64 << 10) >= 0) {
       const bw_res_t* r64 = &bw[bw_index(a, 64 << 10)];
       double p = median(r64->gbs[BW_PLUGIN]), t = median(r64->gbs[BW_TCP1]);
       print_ratio("64 KiB bandwidth, plugin / TCP x1", p, t, 1.0, true);
+      print_spread("plugin", r64->gbs[BW_PLUGIN]);
+      if (t > 0) print_spread("TCP x1", r64->gbs[BW_TCP1]);
     }
     if (bw_index(a, 1 << 20) < 0) return;
     const bw_res_t* r1 = &bw[bw_index(a, 1 << 20)];

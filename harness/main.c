@@ -3,7 +3,7 @@
  *
  *   ncclnet-harness conformance --plugin PATH [--versions 8,9,10,11,12] [--timeout SEC]
  *   ncclnet-harness transfer    --plugin PATH [--version V] [--size BYTES] [--iters N] [--linger SEC]
- *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--rounds N] [--plugin-only] [lat|bw|all]
+ *   ncclnet-harness bench       --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--rounds N] [--plugin-only] [--verbose] [lat|bw|all]
  *   ncclnet-harness concurrent  --plugin PATH [--versions 10,11,12] [--threads N] [--iters N] [--size BYTES]
  *
  * Exit status is 0 only when everything that ran passed.
@@ -30,7 +30,7 @@ static void usage(FILE* f) {
           "      Moves SIZE bytes (default 64M) ITERS times (default 16) from one process to\n"
           "      another with 8 requests in flight, verifies every byte and prints GB/s.\n"
           "      --linger keeps both processes (and their comms) alive SEC seconds afterwards.\n"
-          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--rounds N] [--plugin-only] [lat|bw|all]\n"
+          "  ncclnet-harness bench --plugin PATH [--version V] [--size BYTES] [--iters N] [--bw-bytes B] [--rounds N] [--plugin-only] [--verbose] [lat|bw|all]\n"
           "      Latency (ping-pong round trip, 8 B..1 MiB) and bandwidth (8 in flight,\n"
           "      64 KiB..64 MiB) through the plugin, driven as NCCL's proxy drives it\n"
           "      (sched_yield when a pass made no progress), next to plain TCP sockets\n"
@@ -39,7 +39,8 @@ static void usage(FILE* f) {
           "      --size runs that one size only; --iters sets the ping-pongs per round;\n"
           "      --plugin-only skips the TCP baselines (to profile the plugin alone);\n"
           "      --bw-bytes moves B per size, method and round instead of 1 GiB (slow links);\n"
-          "      --rounds takes each figure as the median of N rounds (1..9, default 3).\n"
+          "      --rounds takes each figure as the median of N rounds (1..9, default 3);\n"
+          "      --verbose also prints every round's figure under each median.\n"
           "  ncclnet-harness concurrent --plugin PATH [--versions 8,9,10,11,12] [--threads N] [--iters N] [--size BYTES]\n"
           "      NCCL's threads at once: per rank, N progress threads (default 3) each with its\n"
           "      own communicator (v11+: own init/finalize) stream ITERS messages (default 500)\n"

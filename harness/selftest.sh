@@ -3,9 +3,10 @@
 # (harness/testdata/badplugin.c) and require the failures to be reported, the
 # exit status to be 1 and a hang to be caught by the watchdog. This is what
 # shows the conformance checks can fail.
-#   harness/selftest.sh build/ncclnet-harness build/libnccl-net-bad.so
+# Given a working plugin as well, it checks what bench prints with --verbose.
+#   harness/selftest.sh build/ncclnet-harness build/libnccl-net-bad.so [build/libnccl-net-go.so]
 set -uo pipefail
-H="$1"; BAD="$2"
+H="$1"; BAD="$2"; GOOD="${3:-}"
 fail=0
 expect() { # expect <output> <pattern> <what>
   if grep -qE -- "$2" <<<"$1"; then echo "ok   - $3"; else echo "FAIL - $3: no line matching /$2/"; fail=1; fi
@@ -36,5 +37,13 @@ for n in 0 10 x; do
   [ "$rc" -eq 2 ] && echo "ok   - bench --rounds $n refused" || { echo "FAIL - bench --rounds $n: exit $rc, want 2"; fail=1; }
   expect "$out" "^ncclnet-harness: --rounds $n: use a count in 1\.\.9$" "bench --rounds $n says what to use"
 done
+if [ -n "$GOOD" ]; then
+  # One size, two rounds of 8 MiB: every round's figure under the median.
+  out="$(NCCL_SOCKET_IFNAME=lo "$H" bench --plugin "$GOOD" --plugin-only --rounds 2 --size 65536 --bw-bytes 8M --verbose bw 2>&1)"; rc=$?
+  echo "$out" | sed 's/^/    | /'
+  [ "$rc" -eq 0 ] && echo "ok   - bench --verbose runs" || { echo "FAIL - bench --verbose: exit $rc, want 0"; fail=1; }
+  expect "$out" '^ +64 KiB +[0-9]+ +plugin +[0-9]+\.[0-9]{3} ' "bench --verbose prints the median row"
+  expect "$out" '^ +rounds +[0-9]+\.[0-9]{3} [0-9]+\.[0-9]{3}$' "bench --verbose prints each of the 2 rounds"
+fi
 [ $fail -eq 0 ] && echo "harness self-test passed" || echo "harness self-test FAILED"
 exit $fail

@@ -18,8 +18,8 @@ $(HARNESS_BAD): harness/testdata/badplugin.c $(HARNESS_HDRS)
 .PHONY: harness harness-selftest conformance conformance-striped demo harness-bench
 harness: $(HARNESS) ## build the C harness
 
-harness-selftest: $(HARNESS) $(HARNESS_BAD) ## the harness fails a broken plugin, exits 1 and catches a hang
-	harness/selftest.sh $(HARNESS) $(HARNESS_BAD)
+harness-selftest: $(HARNESS) $(HARNESS_BAD) $(SO) ## the harness fails a broken plugin, exits 1 and catches a hang; bench --verbose
+	harness/selftest.sh $(HARNESS) $(HARNESS_BAD) $(SO)
 
 conformance: $(HARNESS) $(SO) ## every check of the NCCL net contract, API v8..v12, two processes, through the C ABI
 	$(HARNESS_ENV) $(HARNESS) conformance --plugin $(SO) --versions $(HARNESS_VERSIONS)
