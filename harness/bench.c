@@ -232,7 +232,15 @@ static int lat_iters(const bench_arg_t* a, size_t sz) {
 }
 
 /* One latency measurement: rank 0 gets the median and p99 round trip. */
-static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p99, usage_t u[2]) {
+/* --verbose's map of a latency round's tail: how many round trips took more
+ * than SLOW_OVER times the round's median, in each tenth of the round. Slow
+ * ones bunched in the first tenths are a start-up cost (docs/performance.md,
+ * "The tail of a short round is sysmon waking up"); spread evenly, they are
+ * what runs beside the polling threads all the time. */
+#define SLOW_OVER 2.5
+#define SLOW_BINS 10
+
+static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p99, int slow[SLOW_BINS], usage_t u[2]) {
   int iters = lat_iters(b->a, sz), warm = iters / 10;
   double* v = calloc((size_t)iters, sizeof *v);
   if (ctl_barrier(b->r, 60)) {
@@ -254,10 +262,21 @@ static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p9
   }
   usage_t mine = meter_stop(&m);
   if (b->r->rank == 0) {
-    qsort(v, (size_t)iters, sizeof *v, cmp_double);
-    *median = v[iters / 2];
+    double* s = malloc((size_t)iters * sizeof *s);
+    if (s == NULL) {
+      snprintf(b->why, sizeof b->why, "out of memory sorting %d round trips", iters);
+      free(v);
+      return -1;
+    }
+    memcpy(s, v, (size_t)iters * sizeof *s);
+    qsort(s, (size_t)iters, sizeof *s, cmp_double);
+    *median = s[iters / 2];
     int k = (int)((double)iters * 0.99);
-    *p99 = v[k >= iters ? iters - 1 : k];
+    *p99 = s[k >= iters ? iters - 1 : k];
+    for (int i = 0; i < SLOW_BINS; i++) slow[i] = 0;
+    for (int i = 0; i < iters; i++)
+      if (v[i] > SLOW_OVER * *median) slow[(int)((long)i * SLOW_BINS / iters)]++;
+    free(s);
   }
   free(v);
   if (swap_usage(b, mine, u)) {
@@ -400,6 +419,7 @@ static int run_bw(bench_t* b, int method, size_t sz, double* gbs, usage_t u[2]) 
 
 typedef struct {
   double med[NLATM][BENCH_MAX_ROUNDS], p99[NLATM][BENCH_MAX_ROUNDS];
+  int slow[NLATM][BENCH_MAX_ROUNDS][SLOW_BINS];
   usage_t u[NLATM][BENCH_MAX_ROUNDS][2];
 } lat_res_t;
 
@@ -529,7 +549,7 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
     for (int round = 0; round < rounds; round++)
       for (int m = 0; m < nm; m++) {
         set_where(r, "latency %zu B, %s, round %d", sz, LAT_NAME[m], round + 1);
-        if (run_lat(b, m, sz, &lr->med[m][round], &lr->p99[m][round], lr->u[m][round])) return -1;
+        if (run_lat(b, m, sz, &lr->med[m][round], &lr->p99[m][round], lr->slow[m][round], lr->u[m][round])) return -1;
       }
     if (r->rank != 0) continue;
     char s1[32];
@@ -539,7 +559,15 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
       double med = median(lr->med[m]), p99 = median(lr->p99[m]);
       printf("%8s %6d  %-10s %9.2f %9.2f", m == 0 ? s1 : "", lat_iters(b->a, sz), LAT_NAME[m], med, p99);
       print_row_end(lr->u[m][median_round(lr->med[m])], m == LAT_PLUGIN, pm, med);
-      if (b->a->o->verbose) print_rounds(lr->med[m], "%.2f");
+      if (b->a->o->verbose) {
+        print_rounds(lr->med[m], "%.2f");
+        printf("%8s %6s  %-10s", "", "", "slow");
+        for (int round = 0; round < rounds; round++) {
+          printf("%s", round ? " |" : "");
+          for (int t = 0; t < SLOW_BINS; t++) printf(" %d", lr->slow[m][round][t]);
+        }
+        printf("  (round trips over %.1fx the round's median, per tenth of each round)\n", SLOW_OVER);
+      }
     }
   }
   return 0;

@@ -44,6 +44,12 @@ if [ -n "$GOOD" ]; then
   [ "$rc" -eq 0 ] && echo "ok   - bench --verbose runs" || { echo "FAIL - bench --verbose: exit $rc, want 0"; fail=1; }
   expect "$out" '^ +64 KiB +[0-9]+ +plugin +[0-9]+\.[0-9]{3} ' "bench --verbose prints the median row"
   expect "$out" '^ +rounds +[0-9]+\.[0-9]{3} [0-9]+\.[0-9]{3}$' "bench --verbose prints each of the 2 rounds"
+  # Latency: each round's figure and where its slow round trips fell.
+  out="$(NCCL_SOCKET_IFNAME=lo "$H" bench --plugin "$GOOD" --plugin-only --rounds 2 --size 8 --iters 200 --verbose lat 2>&1)"; rc=$?
+  echo "$out" | sed 's/^/    | /'
+  [ "$rc" -eq 0 ] && echo "ok   - bench --verbose lat runs" || { echo "FAIL - bench --verbose lat: exit $rc, want 0"; fail=1; }
+  expect "$out" '^ +rounds +[0-9]+\.[0-9]{2} [0-9]+\.[0-9]{2}$' "bench --verbose lat prints each of the 2 rounds"
+  expect "$out" '^ +slow +( [0-9]+){10} \|( [0-9]+){10}  \(round trips over 2\.5x' "bench --verbose lat maps each round's slow round trips by tenth"
 fi
 [ $fail -eq 0 ] && echo "harness self-test passed" || echo "harness self-test FAILED"
 exit $fail
