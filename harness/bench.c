@@ -231,7 +231,6 @@ static int lat_iters(const bench_arg_t* a, size_t sz) {
   return sz <= 4096 ? 2000 : sz <= 32768 ? 1000 : sz <= 262144 ? 300 : 100;
 }
 
-/* One latency measurement: rank 0 gets the median and p99 round trip. */
 /* --verbose's map of a latency round's tail: how many round trips took more
  * than SLOW_OVER times the round's median, in each tenth of the round. Slow
  * ones bunched in the first tenths are a start-up cost (docs/performance.md,
@@ -240,6 +239,8 @@ static int lat_iters(const bench_arg_t* a, size_t sz) {
 #define SLOW_OVER 2.5
 #define SLOW_BINS 10
 
+/* One latency measurement: rank 0 gets the median and p99 round trip, and
+ * where the round's slow round trips fell. */
 static int run_lat(bench_t* b, int method, size_t sz, double* median, double* p99, int slow[SLOW_BINS], usage_t u[2]) {
   int iters = lat_iters(b->a, sz), warm = iters / 10;
   double* v = calloc((size_t)iters, sizeof *v);
@@ -604,7 +605,6 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
   return 0;
 }
 
-/* The ratios issue #10 sets targets for, from this run's figures. */
 /* A bandwidth ratio's rounds, when one of the two figures' rounds spread by
  * 2x or more: on a shared VM a slow spell of the whole machine (it hits
  * plain TCP as much as the plugin, docs/performance.md "Slow spells") can
@@ -622,6 +622,7 @@ static void print_spread(const char* name, const double v[BENCH_MAX_ROUNDS]) {
   printf(" GB/s (a slow spell? rerun)\n");
 }
 
+/* The ratios issue #10 sets targets for, from this run's figures. */
 static void print_summary(const bench_arg_t* a, const lat_res_t* lat, const bw_res_t* bw) {
   printf("\nsummary (ratios against baselines measured in this run):\n");
   if (a->lat && a->lat_sizes[0] == 8) {
