@@ -11,23 +11,24 @@ fail=0
 expect() { # expect <output> <pattern> <what>
   if grep -qE -- "$2" <<<"$1"; then echo "ok   - $3"; else echo "FAIL - $3: no line matching /$2/"; fail=1; fi
 }
-out="$("$H" conformance --plugin "$BAD" --versions 8 --timeout 10 2>&1)"; rc=$?
-echo "$out" | sed 's/^/    | /'
-[ "$rc" -eq 1 ] && echo "ok   - exit status 1 with failures" || { echo "FAIL - exit status $rc, want 1"; fail=1; }
+run() { # run <exit status wanted> <what> <command...>: shows its output, leaves it in $out
+  local want=$1 what=$2 rc
+  shift 2
+  out="$("$@" 2>&1)"; rc=$?
+  echo "$out" | sed 's/^/    | /'
+  [ "$rc" -eq "$want" ] && echo "ok   - $what" || { echo "FAIL - $what: exit status $rc, want $want"; fail=1; }
+}
+run 1 "exit status 1 with failures" "$H" conformance --plugin "$BAD" --versions 8 --timeout 10
 expect "$out" '^PASS v8 load$' "a valid table loads"
 expect "$out" '^PASS v8 devices$' "devices > 0 passes"
 expect "$out" '^FAIL v8 getProperties: .*pciPath .* is not an absolute path' "relative pciPath caught"
 expect "$out" '^FAIL v8 getProperties-invalid-dev: ' "success for a missing device caught"
 expect "$out" '^FAIL v8 connect-accept-nonblocking: .*connect returned ncclSystemError' "connect error caught"
 expect "$out" '^[0-9]+ passed, [1-9][0-9]* failed$' "summary line"
-out="$(BADPLUGIN_HANG=1 "$H" conformance --plugin "$BAD" --versions 8 --timeout 3 --only connect-accept-nonblocking 2>&1)"; rc=$?
-echo "$out" | sed 's/^/    | /'
-[ "$rc" -eq 1 ] && echo "ok   - exit status 1 after a hang" || { echo "FAIL - exit status $rc after a hang, want 1"; fail=1; }
+run 1 "exit status 1 after a hang" env BADPLUGIN_HANG=1 "$H" conformance --plugin "$BAD" --versions 8 --timeout 3 --only connect-accept-nonblocking
 expect "$out" '^FAIL v8 connect-accept-nonblocking: hung: rank 1 still inside "connect loop' "hang in connect caught by the watchdog"
 expect "$out" '^0 passed, 1 failed$' "hung check counted once"
-out="$("$H" concurrent --plugin "$BAD" --versions 8 --timeout 10 2>&1)"; rc=$?
-echo "$out" | sed 's/^/    | /'
-[ "$rc" -eq 1 ] && echo "ok   - concurrent: exit status 1 with a broken plugin" || { echo "FAIL - concurrent: exit status $rc, want 1"; fail=1; }
+run 1 "concurrent: exit status 1 with a broken plugin" "$H" concurrent --plugin "$BAD" --versions 8 --timeout 10
 expect "$out" '^FAIL concurrent v8: rank [01] .*connect returned ncclSystemError' "concurrent mode reports a failing connect"
 out="$("$H" conformance --plugin /nonexistent/libnccl-net-x.so --versions 9 2>&1)"; rc=$?
 [ "$rc" -eq 1 ] && echo "ok   - missing library fails" || { echo "FAIL - missing library: exit $rc"; fail=1; }
@@ -39,15 +40,11 @@ for n in 0 10 x; do
 done
 if [ -n "$GOOD" ]; then
   # One size, two rounds of 8 MiB: every round's figure under the median.
-  out="$(NCCL_SOCKET_IFNAME=lo "$H" bench --plugin "$GOOD" --plugin-only --rounds 2 --size 65536 --bw-bytes 8M --verbose bw 2>&1)"; rc=$?
-  echo "$out" | sed 's/^/    | /'
-  [ "$rc" -eq 0 ] && echo "ok   - bench --verbose runs" || { echo "FAIL - bench --verbose: exit $rc, want 0"; fail=1; }
+  run 0 "bench --verbose runs" env NCCL_SOCKET_IFNAME=lo "$H" bench --plugin "$GOOD" --plugin-only --rounds 2 --size 65536 --bw-bytes 8M --verbose bw
   expect "$out" '^ +64 KiB +[0-9]+ +plugin +[0-9]+\.[0-9]{3} ' "bench --verbose prints the median row"
   expect "$out" '^ +rounds +[0-9]+\.[0-9]{3} [0-9]+\.[0-9]{3}$' "bench --verbose prints each of the 2 rounds"
   # Latency: each round's figure and where its slow round trips fell.
-  out="$(NCCL_SOCKET_IFNAME=lo "$H" bench --plugin "$GOOD" --plugin-only --rounds 2 --size 8 --iters 200 --verbose lat 2>&1)"; rc=$?
-  echo "$out" | sed 's/^/    | /'
-  [ "$rc" -eq 0 ] && echo "ok   - bench --verbose lat runs" || { echo "FAIL - bench --verbose lat: exit $rc, want 0"; fail=1; }
+  run 0 "bench --verbose lat runs" env NCCL_SOCKET_IFNAME=lo "$H" bench --plugin "$GOOD" --plugin-only --rounds 2 --size 8 --iters 200 --verbose lat
   expect "$out" '^ +rounds +[0-9]+\.[0-9]{2} [0-9]+\.[0-9]{2}$' "bench --verbose lat prints each of the 2 rounds"
   expect "$out" '^ +slow +( [0-9]+){10} \|( [0-9]+){10}  \(round trips over 2\.5x' "bench --verbose lat maps each round's slow round trips by tenth"
 fi
