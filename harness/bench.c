@@ -461,12 +461,9 @@ static void print_row_end(const usage_t u[2], bool plugin_row, double plugin, do
 
 /* --verbose: every round's figure under its median, in the order the rounds
  * ran, so that a slow spell (a state that lasts rounds) shows as such. */
-static void print_rounds(const double* v, const char* fmt) {
+static void print_rounds(const double* v, int decimals) {
   printf("%8s %6s  %-10s", "", "", "rounds");
-  for (int i = 0; i < rounds; i++) {
-    printf(" ");
-    printf(fmt, v[i]);
-  }
+  for (int i = 0; i < rounds; i++) printf(" %.*f", decimals, v[i]);
   printf("\n");
 }
 
@@ -561,7 +558,7 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
       printf("%8s %6d  %-10s %9.2f %9.2f", m == 0 ? s1 : "", lat_iters(b->a, sz), LAT_NAME[m], med, p99);
       print_row_end(lr->u[m][median_round(lr->med[m])], m == LAT_PLUGIN, pm, med);
       if (b->a->o->verbose) {
-        print_rounds(lr->med[m], "%.2f");
+        print_rounds(lr->med[m], 2);
         printf("%8s %6s  %-10s", "", "", "slow");
         for (int round = 0; round < rounds; round++) {
           printf("%s", round ? " |" : "");
@@ -599,7 +596,7 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
       double g = median(br->gbs[m]);
       printf("%8s %6d  %-10s %9.3f", m == 0 ? s1 : "", bw_count(b->a, sz), BW_NAME[m], g);
       print_row_end(br->u[m][median_round(br->gbs[m])], m == BW_PLUGIN, pg, g);
-      if (b->a->o->verbose) print_rounds(br->gbs[m], "%.3f");
+      if (b->a->o->verbose) print_rounds(br->gbs[m], 3);
     }
   }
   return 0;
@@ -616,8 +613,7 @@ static void print_spread(const char* name, const double v[BENCH_MAX_ROUNDS]) {
     if (v[i] > hi) hi = v[i];
   }
   if (lo <= 0 || hi < 2 * lo) return;
-  printf("  %-52s", "");
-  printf(" %s rounds spread %.1fx:", name, hi / lo);
+  printf("  %-52s %s rounds spread %.1fx:", "", name, hi / lo);
   for (int i = 0; i < rounds; i++) printf(" %.3f", v[i]);
   printf(" GB/s (a slow spell? rerun)\n");
 }
