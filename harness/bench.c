@@ -437,7 +437,8 @@ static int bw_index(const bench_arg_t* a, size_t sz) {
 
 static void print_verdict(const char* what, double v, double target, bool higher_better) {
   bool ok = higher_better ? v >= target : v <= target;
-  printf("  %-52s %7.2f  (target %s %.2f: %s)\n", what, v, higher_better ? ">=" : "<=", target, ok ? "met" : "NOT met");
+  printf("  %-52s %7.*f  (target %s %.2f: %s)\n", what, verdict_precision(v, target, higher_better), v,
+         higher_better ? ">=" : "<=", target, ok ? "met" : "NOT met");
 }
 
 /* print_ratio: num / den against its target, or why there is none (no

@@ -58,6 +58,9 @@ const char* result_str(ncclResult_t r);
 int parse_in_range(const char* s, double lo, double hi, double* out);
 int parse_size(const char* s, size_t* out);
 void fmt_size(char* out, size_t outlen, size_t bytes);
+/* Decimals to print v with so that the figure agrees with its verdict
+ * against target (at least 2, at most 6). */
+int verdict_precision(double v, double target, bool higher_better);
 
 /* --------------------------------------------------------------- netapi.c */
 

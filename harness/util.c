@@ -166,6 +166,21 @@ int parse_size(const char* s, size_t* out) {
   return 0;
 }
 
+/* Two decimals, or as many more (up to 6) as it takes for the printed figure
+ * to agree with the verdict: 0.995 against ">= 1.00" would print as a "1.00"
+ * that is "NOT met". */
+int verdict_precision(double v, double target, bool higher_better) {
+  bool ok = higher_better ? v >= target : v <= target;
+  int prec = 2;
+  for (; prec < 6; prec++) {
+    char s[48];
+    snprintf(s, sizeof s, "%.*f", prec, v);
+    double shown = strtod(s, NULL);
+    if ((higher_better ? shown >= target : shown <= target) == ok) break;
+  }
+  return prec;
+}
+
 void fmt_size(char* out, size_t outlen, size_t b) {
   if (b >= (1ull << 30) && b % (1ull << 30) == 0) snprintf(out, outlen, "%zu GiB", b >> 30);
   else if (b >= (1ull << 20) && b % (1ull << 20) == 0) snprintf(out, outlen, "%zu MiB", b >> 20);

@@ -15,10 +15,17 @@ $(HARNESS_BAD): harness/testdata/badplugin.c $(HARNESS_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(HARNESS_CFLAGS) -Inccl/include -fPIC -shared -o $@ $<
 
+# harness/util.c's pure helpers, checked on their own.
+HARNESS_UTIL_TEST := $(BUILD)/harness-util-test
+$(HARNESS_UTIL_TEST): harness/testdata/util_test.c harness/util.c $(HARNESS_HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(HARNESS_CFLAGS) -Inccl/include -pthread -o $@ harness/testdata/util_test.c harness/util.c
+
 .PHONY: harness harness-selftest conformance conformance-striped demo harness-bench
 harness: $(HARNESS) ## build the C harness
 
-harness-selftest: $(HARNESS) $(HARNESS_BAD) $(SO) ## the harness fails a broken plugin, exits 1 and catches a hang; bench --verbose
+harness-selftest: $(HARNESS) $(HARNESS_BAD) $(HARNESS_UTIL_TEST) $(SO) ## the harness fails a broken plugin, exits 1 and catches a hang; bench --verbose; util.c's helpers
+	$(HARNESS_UTIL_TEST)
 	harness/selftest.sh $(HARNESS) $(HARNESS_BAD) $(SO)
 
 conformance: $(HARNESS) $(SO) ## every check of the NCCL net contract, API v8..v12, two processes, through the C ABI
