@@ -242,7 +242,9 @@ threads_sampler() {
   want=${want:0:15}
   while sleep 5; do
     for p in /proc/[0-9]*; do
-      read -r name <"$p/comm" 2>/dev/null || continue
+      # The process may be gone: 2>/dev/null comes first, or bash prints the
+      # failed < ("/proc/392/comm: No such file or directory") into the table.
+      read -r name 2>/dev/null <"$p/comm" || continue
       [ "$name" = "$want" ] || continue
       tasks=("$p"/task/*)
       echo "${p#/proc/} ${#tasks[@]}" >>"$f"
@@ -387,12 +389,14 @@ median() { sort -g "$1" | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) /
 
 # bench_lat: the harness's ping-pong latency through the ib transport, with the
 # 8-byte row's p99/median (the tail the Go runtime adds shows there), next to
-# ib_write_lat on the same rxe0 (t_typical is its median).
+# ib_write_lat on the same rxe0 (t_typical is its median). --verbose prints each
+# round and where its slow round trips fell: bunched at a round's start (sysmon
+# resetting after the ranks sat in C) or spread through it.
 bench_lat() {
   section "harness bench lat over $DEV (NCCL_GO_TRANSPORT=ib), ib_write_lat"
   local out=$work/harness_lat.out rc limit=${RDMA_LANE_BENCH_TIMEOUT:-700}
   NCCL_GO_STALL_WARN=${NCCL_GO_STALL_WARN:-120} NCCL_GO_TRANSPORT=ib timeout -k 10 $((limit + 30)) "$HARNESS" bench --plugin "$PLUGIN" --timeout "$limit" \
-    --plugin-only --size 8 lat 2>&1 | tee "$out"
+    --plugin-only --size 8 --verbose lat 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || { fail bench-lat "harness bench lat exit $rc"; return; }
   # The plugin's row: "8 B <iters> plugin <median> <p99> ...", round trips in us.
