@@ -167,7 +167,7 @@ int parse_size(const char* s, size_t* out) {
 }
 
 /* Two decimals, or as many more (up to 6) as it takes for the printed figure
- * to agree with the verdict: 0.995 against ">= 1.00" would print as a "1.00"
+ * to agree with the verdict: 0.998 against ">= 1.00" would print as a "1.00"
  * that is "NOT met". */
 int verdict_precision(double v, double target, bool higher_better) {
   bool ok = higher_better ? v >= target : v <= target;

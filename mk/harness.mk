@@ -15,7 +15,7 @@ $(HARNESS_BAD): harness/testdata/badplugin.c $(HARNESS_HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(HARNESS_CFLAGS) -Inccl/include -fPIC -shared -o $@ $<
 
-# harness/util.c's pure helpers, checked on their own.
+# harness/util.c's helpers, checked on their own.
 HARNESS_UTIL_TEST := $(BUILD)/harness-util-test
 $(HARNESS_UTIL_TEST): harness/testdata/util_test.c harness/util.c $(HARNESS_HDRS)
 	@mkdir -p $(dir $@)

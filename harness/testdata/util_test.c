@@ -1,4 +1,4 @@
-/* Unit checks of harness/util.c's pure helpers, built and run by
+/* Unit checks of harness/util.c's helpers, built and run by
  * `make harness-selftest`: exit status 1 and a FAIL line per wrong answer. */
 #include <stdio.h>
 #include <string.h>
@@ -19,7 +19,7 @@ static void precision(double v, double target, bool higher_better, const char* w
 int main(void) {
   precision(1.21, 1.0, true, "1.21");
   precision(1.004, 1.0, true, "1.00");   /* met, and 1.00 >= 1.00 agrees */
-  precision(0.9951, 1.0, true, "0.995"); /* NOT met: "1.00" would contradict it */
+  precision(0.998, 1.0, true, "0.998");  /* NOT met: "1.00" would contradict it */
   precision(0.9996, 1.0, true, "0.9996");
   precision(1.503, 1.5, false, "1.503"); /* NOT met against <= 1.50 */
   precision(1.4996, 1.5, false, "1.50"); /* met, and 1.50 <= 1.50 agrees */
