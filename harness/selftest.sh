@@ -30,12 +30,10 @@ expect "$out" '^FAIL v8 connect-accept-nonblocking: hung: rank 1 still inside "c
 expect "$out" '^0 passed, 1 failed$' "hung check counted once"
 run 1 "concurrent: exit status 1 with a broken plugin" "$H" concurrent --plugin "$BAD" --versions 8 --timeout 10
 expect "$out" '^FAIL concurrent v8: rank [01] .*connect returned ncclSystemError' "concurrent mode reports a failing connect"
-out="$("$H" conformance --plugin /nonexistent/libnccl-net-x.so --versions 9 2>&1)"; rc=$?
-[ "$rc" -eq 1 ] && echo "ok   - missing library fails" || { echo "FAIL - missing library: exit $rc"; fail=1; }
+run 1 "missing library fails" "$H" conformance --plugin /nonexistent/libnccl-net-x.so --versions 9
 expect "$out" '^FAIL v9 load: dlopen' "dlopen error reported"
 for n in 0 10 x; do
-  out="$("$H" bench --plugin "$BAD" --rounds "$n" bw 2>&1)"; rc=$?
-  [ "$rc" -eq 2 ] && echo "ok   - bench --rounds $n refused" || { echo "FAIL - bench --rounds $n: exit $rc, want 2"; fail=1; }
+  run 2 "bench --rounds $n refused" "$H" bench --plugin "$BAD" --rounds "$n" bw
   expect "$out" "^ncclnet-harness: --rounds $n: use a count in 1\.\.9$" "bench --rounds $n says what to use"
 done
 if [ -n "$GOOD" ]; then
