@@ -292,6 +292,12 @@ func goNetClose(comm C.uintptr_t, tag C.int) (res C.ncclResult_t) {
 func goNetSetNetAttr(ctx C.uintptr_t, sendPeers, recvPeers C.int) (res C.ncclResult_t) {
 	defer guard("setNetAttr", &res)
 	// Hints only (NCCL sends them per transfer); no transport uses them yet.
+	// The level check comes first because building Tracef's arguments
+	// allocates even when it then returns at once, and this runs on NCCL's
+	// progress thread.
+	if maxLevel.Load() < levelTrace {
+		return cres(nccl.Success)
+	}
 	log.Tracef(nccl.SubsysNet, "NET/Go : setNetAttr ctx %#x maxConcurrentPeers send %d recv %d", uintptr(ctx), int(sendPeers), int(recvPeers))
 	return cres(nccl.Success)
 }

@@ -911,3 +911,49 @@ func TestRefusedSendsBehindAPendingOneAreNotReported(t *testing.T) {
 	}
 	assert.Zero(t, send.m.Snapshot().Stalls[metrics.Send])
 }
+
+// What NCCL calls is the exported entries, not the Go functions behind them,
+// so the same check is made through those (with the cgo-generated argument
+// types, since a test file cannot import "C"). setNetAttr is among them:
+// NCCL 2.28+ calls it from the progress thread as a transfer's attributes
+// change, and at INFO its trace line used to allocate before being dropped.
+func TestExportedDataPathDoesNotAllocate(t *testing.T) {
+	initWith(t, &fakeTransport{name: "noallocexp", devs: 1, props: nccl.Properties{MaxRecvs: 2}})
+	setProfiler(&countingProfiler{})
+	_, recv, sh, _ := connectPair(t)
+	recv.recv.(*fakeRecv).done = true
+	rh := commHandle(tagRecv, recv.gen, recv.slot)
+	buf := make([]byte, 64)
+	var sizes [2]_Ctype_int
+	var done _Ctype_int
+	var req _Ctype_uintptr_t
+	data := [2]unsafe.Pointer{unsafe.Pointer(&buf[0]), unsafe.Pointer(&buf[32])}
+	sz := [2]_Ctype_size_t{32, 32}
+	tags := [2]_Ctype_int{1, 1}
+	mhs := [2]_Ctype_uintptr_t{9, 9}
+	phs := [2]_Ctype_uintptr_t{0x10, 0x20}
+	round := func() {
+		if r := goNetIsend(_Ctype_uintptr_t(sh), unsafe.Pointer(&buf[0]), 48, 3, 7, 0x30, &req); r != 0 || req == 0 {
+			t.Fatalf("isend: %v %#x", r, req)
+		}
+		if r := goNetTest(req, &done, &sizes[0]); r != 0 || done != 1 {
+			t.Fatalf("test send: %v %v", r, done)
+		}
+		if r := goNetIrecv(_Ctype_uintptr_t(rh), 2, &data[0], &sz[0], nil, &tags[0], &mhs[0], &phs[0], &req); r != 0 || req == 0 {
+			t.Fatalf("irecv: %v %#x", r, req)
+		}
+		if r := goNetTest(req, &done, &sizes[0]); r != 0 || done != 1 {
+			t.Fatalf("test recv: %v %v", r, done)
+		}
+	}
+	for i := 0; i < 64; i++ {
+		round()
+	}
+	assert.Zero(t, testing.AllocsPerRun(1000, round), "exported isend+test and irecv+test allocate")
+	attr := func() {
+		if r := goNetSetNetAttr(0, 16, 16); r != 0 {
+			t.Fatalf("setNetAttr: %v", r)
+		}
+	}
+	assert.Zero(t, testing.AllocsPerRun(1000, attr), "exported setNetAttr allocates at NCCL_DEBUG=INFO")
+}
