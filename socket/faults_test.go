@@ -1,6 +1,7 @@
 package socket
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -464,6 +465,85 @@ func TestSilentSenderIsAlive(t *testing.T) {
 			assert.Contains(t, log.String(), "WARN")
 		})
 	}
+}
+
+// TestMatchedReceiveOutlivesSenderClose: the sender closes once its last
+// message is handed to the kernel, so the control stream's end of file can
+// come while that message's chunks are still on their way on the data
+// streams. The receive it was matched to completes; only a receive that
+// would need another header fails. Until 2026-11-28 the end of file failed
+// the whole connection as soon as any such receive was posted, taking the
+// matched one with it.
+func TestMatchedReceiveOutlivesSenderClose(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "4"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	l, _, hi := listenDecoded(t, tr)
+	defer l.Close()
+	require.Equal(t, 4, hi.streams)
+	ctrl, _, data := rogueConnect(t, hi, 43)
+	var rc nccl.RecvComm
+	for rc == nil {
+		var err error
+		rc, err = l.Accept()
+		require.NoError(t, err)
+		pace()
+	}
+	defer rc.Close()
+	const size = 1 << 20
+	dst := make([]byte, size)
+	q1, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 3}})
+	require.NoError(t, err)
+	never := make([]byte, 64)
+	q2, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(never), Size: len(never), Tag: 3}})
+	require.NoError(t, err)
+	// The header of a striped 1 MiB message, then the sender closes its
+	// control stream before a byte of the payload has arrived.
+	var hdr [hdrLen]byte
+	binary.LittleEndian.PutUint32(hdr[0:], size)
+	binary.LittleEndian.PutUint32(hdr[4:], 0) // all of it on the data streams
+	binary.LittleEndian.PutUint32(hdr[8:], 3)
+	binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^0)
+	_, err = ctrl.Write(hdr[:])
+	require.NoError(t, err)
+	require.NoError(t, ctrl.Close())
+	r := rc.(*recvComm)
+	deadline := time.Now().Add(10 * time.Second)
+	for polls := 0; polls < 64 || !r.ctrlEOF; polls++ { // every 8th poll reads the control stream
+		done, err := rc.Test(q1, nil)
+		require.NoError(t, err, "the matched receive failed on the control stream's end of file")
+		require.False(t, done)
+		require.True(t, time.Now().Before(deadline), "the control stream's end of file never came")
+		pace()
+	}
+	// The chunks arrive, each on the stream the stripe rule puts it on.
+	src := make([]byte, size)
+	pattern(src, 9)
+	cs := r.chunkSize(size)
+	for off, i := 0, 0; off < size; off, i = off+cs, i+1 {
+		_, err := data[i%len(data)].Write(src[off:min(off+cs, size)])
+		require.NoError(t, err)
+	}
+	sizes := []int{-1}
+	for {
+		done, err := rc.Test(q1, sizes)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the matched receive never completed")
+		pace()
+	}
+	assert.Equal(t, []int{size}, sizes)
+	assert.True(t, bytes.Equal(src, dst), "payload differs")
+	done, err := rc.Test(q2, nil)
+	assert.False(t, done)
+	require.Error(t, err, "a receive that needs a header the closed sender will never send")
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+	assert.Contains(t, err.Error(), "closed the connection")
+	_, err = rc.Test(q2, nil)
+	require.Error(t, err, "asked again")
+	assert.Equal(t, 1, strings.Count(log.String(), "closed the connection"), "the close is logged once")
 }
 
 // fakeReceiver completes the handshake of a connector with streams data

@@ -88,8 +88,8 @@ type recvComm struct {
 	// ctrlEOF: the sender closed its end. Messages already on the wire are
 	// still delivered (the sender closes once its sends are handed to the
 	// kernel, not once they arrived); only a receive that needs more from
-	// the control stream fails.
-	ctrlEOF bool
+	// the control stream fails (eofWarned: and that was logged).
+	ctrlEOF, eofWarned bool
 }
 
 func newRecvComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*recvComm, error) {
@@ -193,9 +193,6 @@ func (r *recvComm) progress(q *recvReq, ctrl bool) {
 	}
 	if len(r.streams) > 0 {
 		r.pump(false)
-	}
-	if r.ctrlEOF && (r.cur || (r.postN > 0 && r.sw-r.sr < hdrLen)) && r.err.Load() == nil {
-		r.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed) while receives were still posted", r.peer)
 	}
 }
 
@@ -354,6 +351,21 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 	}
 	if err := r.failed(); err != nil {
 		return false, err
+	}
+	// Only a receive that still needs the control stream (its header or
+	// inline bytes; progress has just read all there was) fails on the
+	// sender's close, and only it: one already matched keeps waiting, since
+	// its chunks were handed to the kernel before the close and are still
+	// arriving on the data streams, whose own end of file tells if they stop
+	// short. Failing the connection instead would fail those too, whichever
+	// request NCCL happened to test first.
+	if r.ctrlEOF && !q.read() {
+		e := nccl.Errorf(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed) while receives were still posted", r.peer)
+		if !r.eofWarned {
+			r.eofWarned = true
+			r.log.Warnf("NET/GoSocket : %v", e)
+		}
+		return false, e
 	}
 	// A receive waits for its message however long the sender takes, as
 	// long as the sender is alive (live.go). A sender that closed is seen
