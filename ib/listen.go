@@ -211,10 +211,12 @@ func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
 }
 
 func (l *listener) Accept() (nccl.RecvComm, error) {
+	// One critical section: with two, a Close (or Finalize, from another
+	// thread) between them released the connection and this returned it,
+	// a non-nil RecvComm around a nil *recvComm.
 	l.mu.Lock()
-	closed := l.closed
-	l.mu.Unlock()
-	if closed {
+	defer l.mu.Unlock()
+	if l.closed {
 		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : accept on a closed listen (or a finalized transport)")
 	}
 	select {
@@ -222,8 +224,6 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 	default:
 		return nil, nil
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.taken {
 		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : accept called again on a listen that already returned its connection")
 	}

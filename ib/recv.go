@@ -159,6 +159,14 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		return nccl.NoRequest, c.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_send (CTS) on %s: %w", c.devs[q.dev].device, err), true)
 	}
 	*req = recvReq{inUse: true, n: n, pending: nq}
+	if flags&verbs.SendSignaled != 0 {
+		// The unsignaled CTS writes posted since the last signaled one hold
+		// their send-queue entries until this completion is polled (a
+		// ConnectX frees them then, not when the ACK arrives). Holding the
+		// receive, and so its slot, until then, as NCCL does, is what makes
+		// the queue's 2 × 256 entries enough whatever the ACKs' timing.
+		req.pending++
+	}
 	for i := range bufs {
 		req.caps[i] = bufs[i].Size
 	}
@@ -240,6 +248,8 @@ func (c *recvComm) progress() error {
 					req := &c.reqs[v]
 					req.pending--
 					req.imm = wc.Imm
+				case wrCTS:
+					c.reqs[v].pending--
 				case wrFlush:
 					if req := c.flush.reqs.At(v); req != nil {
 						req.pending--

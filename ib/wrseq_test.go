@@ -276,3 +276,43 @@ func TestWRStringsReadable(t *testing.T) {
 	assert.Equal(t, "WI/64/1si", wrString(r))
 	assert.True(t, strings.Contains(r.String(), "RDMA_WRITE_WITH_IMM"))
 }
+
+// The signaled CTS write's completion belongs to its receive, as in NCCL:
+// the unsignaled CTS writes before it keep their send-queue entries until
+// that completion is polled, so the receive (and its FIFO slot) is not done
+// before. With the ACK late, the data has arrived but the receive waits;
+// until 2026-11-28 it completed, and 512 receives later, with that ACK still
+// missing, the CTS post would have found the send queue full.
+func TestReceiveWaitsForItsSignaledCTS(t *testing.T) {
+	setEnv(t)
+	f, a, b := roceHosts(t)
+	sc, rc := connectPair(t, a, 0, b, 0)
+	f.LagCompletions(softnic.CompletionLag{Device: rc.devs[0].name, Ops: []verbs.Opcode{verbs.WrRDMAWrite}})
+	const size = 4096
+	rb := newBuf(t, rc, size, 0xee)
+	sb := newBuf(t, sc, size, 0)
+	copy(sb.b, pattern(size, 3))
+	rreq, err := rc.Irecv([]nccl.RecvBuffer{{Data: rb.ptr(), Size: size, MH: rb.mh}})
+	require.NoError(t, err)
+	var sreq nccl.Request
+	within(t, "isend", func() (bool, error) {
+		sreq, err = sc.Isend(sb.ptr(), size, 0, sb.mh)
+		return sreq != nccl.NoRequest, err
+	})
+	within(t, "send test", func() (bool, error) { done, _, err := sc.Test(sreq); return done, err })
+	assert.Equal(t, pattern(size, 3), rb.b, "the data arrived")
+	sizes := []int{-1}
+	for i := 0; i < 100; i++ {
+		done, err := rc.Test(rreq, sizes)
+		require.NoError(t, err)
+		require.False(t, done, "the receive completed before its signaled CTS write's completion was polled")
+	}
+	f.ReleaseCompletions()
+	within(t, "recv test", func() (bool, error) { return rc.Test(rreq, sizes) })
+	assert.Equal(t, []int{size}, sizes)
+	for i := 0; i < 3; i++ { // and the FIFO goes on as before
+		got, sz := transfer(t, sc, rc, []int{100}, []int{128})
+		assert.Equal(t, []int{100}, sz)
+		assert.Equal(t, pattern(100, 0), got[0][:100])
+	}
+}

@@ -24,6 +24,7 @@ type Fabric struct {
 	nextID  uint64
 	faults  []*faultState
 	mfaults []*modifyFaultState
+	lags    []CompletionLag
 
 	violations []string
 	recording  bool
@@ -324,6 +325,58 @@ func (f *Fabric) modifyFaultLocked(dev, state string) error {
 		return fs.Err
 	}
 	return nil
+}
+
+// CompletionLag holds back the send completions of a device's QPs, as a
+// requester whose ACKs come late sees them: the work requests have executed
+// at the responder (their data is there), but their completions, and the
+// send-queue slots that polling those frees, wait for ReleaseCompletions.
+// Once one completion of a QP is held, every later one of it is too.
+type CompletionLag struct {
+	Device string         // requester device name; "" matches any
+	Ops    []verbs.Opcode // nil matches any opcode
+}
+
+// LagCompletions arms a completion lag.
+func (f *Fabric) LagCompletions(l CompletionLag) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lags = append(f.lags, l)
+}
+
+// ReleaseCompletions disarms every lag and queues the completions held so
+// far on their CQs, each QP's in posting order.
+func (f *Fabric) ReleaseCompletions() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lags = nil
+	for _, d := range f.byName {
+		for _, q := range d.qps {
+			for _, e := range q.held {
+				if q.state != qpsDestroyed {
+					q.sendCQ.pushLocked(e)
+				}
+			}
+			q.held = nil
+		}
+	}
+}
+
+func (f *Fabric) lagLocked(dev string, op verbs.Opcode) bool {
+	for _, l := range f.lags {
+		if l.Device != "" && l.Device != dev {
+			continue
+		}
+		if l.Ops == nil {
+			return true
+		}
+		for _, o := range l.Ops {
+			if o == op {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ClearFaults disarms every fault.

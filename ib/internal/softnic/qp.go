@@ -140,6 +140,7 @@ type qp struct {
 	waiters     []*qp
 	spare       []*qp
 	waitingOn   *qp
+	held        []cqe // send completions a CompletionLag holds back, in order
 }
 
 func (q *qp) Num() uint32 { return q.num }
@@ -405,7 +406,7 @@ func (q *qp) completeLocked(wr *verbs.SendWR, st verbs.WCStatus, n uint32) {
 	if st == verbs.WCSuccess && wr.Flags&verbs.SendSignaled == 0 {
 		return
 	}
-	q.sendCQ.pushLocked(cqe{wc: verbs.WC{WRID: wr.WRID, Status: st, Opcode: wcOpcode(wr.Opcode), ByteLen: n, QPNum: q.num}, q: q, retire: q.sinceSignal})
+	q.pushSendLocked(cqe{wc: verbs.WC{WRID: wr.WRID, Status: st, Opcode: wcOpcode(wr.Opcode), ByteLen: n, QPNum: q.num}, q: q, retire: q.sinceSignal}, wr.Opcode)
 	q.sinceSignal = 0
 	if st != verbs.WCSuccess {
 		q.toErrorLocked()
@@ -413,7 +414,18 @@ func (q *qp) completeLocked(wr *verbs.SendWR, st verbs.WCStatus, n uint32) {
 }
 
 func (q *qp) flushSendLocked(wr verbs.SendWR) {
-	q.sendCQ.pushLocked(cqe{wc: verbs.WC{WRID: wr.WRID, Status: verbs.WCWRFlushErr, Opcode: wcOpcode(wr.Opcode), QPNum: q.num}, q: q, retire: 1})
+	q.pushSendLocked(cqe{wc: verbs.WC{WRID: wr.WRID, Status: verbs.WCWRFlushErr, Opcode: wcOpcode(wr.Opcode), QPNum: q.num}, q: q, retire: 1}, wr.Opcode)
+}
+
+// pushSendLocked queues a send completion, or holds it back while a
+// CompletionLag matches it or an earlier one of this QP is held (a QP's
+// completions come in posting order).
+func (q *qp) pushSendLocked(e cqe, op verbs.Opcode) {
+	if len(q.held) > 0 || q.dev.fabric.lagLocked(q.dev.cfg.Name, op) {
+		q.held = append(q.held, e)
+		return
+	}
+	q.sendCQ.pushLocked(e)
 }
 
 // toErrorLocked moves the QP to the error state: queued sends and posted

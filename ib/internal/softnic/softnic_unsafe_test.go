@@ -190,6 +190,39 @@ func TestUnsignaledWRsFillTheSendQueue(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// A lagged completion has executed (the data is there) but is not polled,
+// so it frees no send-queue slot, and later completions of the QP wait
+// behind it; released, they come in posting order.
+func TestCompletionLagHoldsSlotsAndOrder(t *testing.T) {
+	f, a, b := pair(t) // 8 send slots
+	f.LagCompletions(CompletionLag{Ops: []verbs.Opcode{verbs.WrRDMAWrite}})
+	copy(a.buf, "xy")
+	w := verbs.SendWR{WRID: 1, Opcode: verbs.WrRDMAWrite, Flags: verbs.SendSignaled, NumSGE: 1,
+		SGE: verbs.SGE{Addr: a.addr(0), Length: 2, LKey: a.mr.LKey()}, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}
+	_, err := a.qp.PostSend([]verbs.SendWR{w})
+	require.NoError(t, err)
+	assert.Equal(t, "xy", string(b.buf[:2]), "the write executed")
+	poll(t, a.cq, 0)
+	imm := verbs.SendWR{WRID: 2, Opcode: verbs.WrRDMAWriteWithImm, Flags: verbs.SendSignaled, Imm: 5, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}
+	_, err = b.qp.PostRecv([]verbs.RecvWR{{WRID: 9}})
+	require.NoError(t, err)
+	_, err = a.qp.PostSend([]verbs.SendWR{imm})
+	require.NoError(t, err)
+	poll(t, a.cq, 0) // not lagged itself, but behind a held one
+	assert.Equal(t, uint32(5), poll(t, b.cq, 1)[0].Imm, "the responder saw it")
+	for i := 0; i < 6; i++ {
+		_, err = a.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WrRDMAWrite, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}})
+		require.NoError(t, err)
+	}
+	_, err = a.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WrRDMAWrite, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}})
+	require.ErrorIs(t, err, verbs.ENOMEM, "held completions free no slot")
+	f.ReleaseCompletions()
+	wc := poll(t, a.cq, 2)
+	assert.Equal(t, []uint64{1, 2}, []uint64{wc[0].WRID, wc[1].WRID})
+	_, err = a.qp.PostSend([]verbs.SendWR{{Opcode: verbs.WrRDMAWrite, RemoteAddr: b.addr(0), RKey: b.mr.RKey()}})
+	require.NoError(t, err, "polled, they free their slots")
+}
+
 func TestLoopbackQPAndStateChecks(t *testing.T) {
 	f := NewFabric()
 	f.AddDevice(DeviceConfig{Name: "sim0", LinkLayer: verbs.LinkEthernet})
