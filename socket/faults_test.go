@@ -503,7 +503,7 @@ func TestMatchedReceiveOutlivesSenderClose(t *testing.T) {
 	binary.LittleEndian.PutUint32(hdr[0:], size)
 	binary.LittleEndian.PutUint32(hdr[4:], 0) // all of it on the data streams
 	binary.LittleEndian.PutUint32(hdr[8:], 3)
-	binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^0)
+	binary.LittleEndian.PutUint32(hdr[12:], hdrCheck) // sequence 0: the first message
 	_, err = ctrl.Write(hdr[:])
 	require.NoError(t, err)
 	require.NoError(t, ctrl.Close())
