@@ -3,6 +3,7 @@ package nccl
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -24,12 +25,14 @@ var registry struct {
 // Register adds a transport. The plugin tries transports in ascending priority
 // (the default library registers ib at 10 and socket at 100) and uses the first
 // whose Init succeeds with at least one device; NCCL_GO_TRANSPORT=<name> forces
-// one. Registering a name twice panics: it is a programming error caught at load.
+// one. Names are matched without regard to case, as NCCL matches NCCL_NET,
+// and should equal the transport's Name(). Registering a name twice (in any
+// case) panics: it is a programming error caught at load.
 func Register(name string, priority int, f Factory) {
 	registry.Lock()
 	defer registry.Unlock()
 	for _, r := range registry.regs {
-		if r.Name == name {
+		if strings.EqualFold(r.Name, name) {
 			panic(fmt.Sprintf("nccl: transport %q registered twice", name))
 		}
 	}
@@ -45,7 +48,7 @@ func Unregister(name string) bool {
 	registry.Lock()
 	defer registry.Unlock()
 	for i, r := range registry.regs {
-		if r.Name == name {
+		if strings.EqualFold(r.Name, name) {
 			registry.regs = append(registry.regs[:i], registry.regs[i+1:]...)
 			return true
 		}
@@ -60,10 +63,11 @@ func Transports() []Registration {
 	return append([]Registration(nil), registry.regs...)
 }
 
-// Lookup returns the registration called name.
+// Lookup returns the registration called name, in any case
+// (NCCL_GO_TRANSPORT=IB finds "ib").
 func Lookup(name string) (Registration, bool) {
 	for _, r := range Transports() {
-		if r.Name == name {
+		if strings.EqualFold(r.Name, name) {
 			return r, true
 		}
 	}

@@ -52,20 +52,34 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
-// Errorf builds an *Error with a formatted message. A %w verb wraps its operand.
+// Errorf builds an *Error with a formatted message. A %w verb wraps its
+// operand; with several, Err joins them, so errors.Is and errors.As find each
+// (ErrNoDevice among them).
 func Errorf(code Result, format string, args ...any) error {
 	err := fmt.Errorf(format, args...)
-	cause := errors.Unwrap(err)
+	var cause error
+	switch u := err.(type) {
+	case interface{ Unwrap() error }:
+		cause = u.Unwrap()
+	case interface{ Unwrap() []error }:
+		cause = errors.Join(u.Unwrap()...)
+	}
 	return &Error{Code: code, Msg: err.Error(), Err: cause, msgHasCause: cause != nil}
 }
 
-// ResultOf maps an error to the ncclResult_t the glue returns to NCCL.
+// ResultOf maps an error to the ncclResult_t the glue returns to NCCL. An
+// error is never reported as a success: an *Error whose Code is Success (a
+// literal without one) or InProgress (which NCCL's checks let through as
+// success) maps to InternalError.
 func ResultOf(err error) Result {
 	if err == nil {
 		return Success
 	}
 	var e *Error
 	if errors.As(err, &e) {
+		if e.Code == Success || e.Code == InProgress {
+			return InternalError
+		}
 		return e.Code
 	}
 	var s sentinel

@@ -29,6 +29,25 @@ func TestResultOf(t *testing.T) {
 	assert.Equal(t, "ncclResult(42)", Result(42).String())
 }
 
+// A vendor's error must never reach NCCL as a success: a literal without a
+// Code is Success, and NCCL's checks let InProgress through as one.
+func TestErrorIsNeverReportedAsSuccess(t *testing.T) {
+	assert.Equal(t, InternalError, ResultOf(&Error{Msg: "link down"}))
+	assert.Equal(t, InternalError, ResultOf(Errorf(Success, "odd")))
+	assert.Equal(t, InternalError, ResultOf(Errorf(InProgress, "odd")))
+	assert.Equal(t, InternalError, ResultOf(fmt.Errorf("wrapped: %w", &Error{Msg: "link down"})))
+}
+
+// Several %w: each operand stays reachable, ErrNoDevice included (the glue's
+// quiet fallback and nccltest's skip both ask errors.Is).
+func TestErrorfWithSeveralWraps(t *testing.T) {
+	err := Errorf(SystemError, "%w: %w", ErrNoDevice, io.EOF)
+	assert.Equal(t, "no usable device: EOF", err.Error())
+	assert.True(t, errors.Is(err, ErrNoDevice))
+	assert.True(t, errors.Is(err, io.EOF))
+	assert.Equal(t, SystemError, ResultOf(err))
+}
+
 func TestEnvParsing(t *testing.T) {
 	env := map[string]string{"A": " 0x10 ", "B": "abc", "C": "yes", "D": "2.5", "E": "150ms"}
 	SetEnvLookup(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
@@ -51,6 +70,10 @@ func TestRegistryOrderAndDuplicates(t *testing.T) {
 	_, ok := Lookup("zz-late")
 	assert.True(t, ok)
 	assert.Panics(t, func() { Register("zz-late", 1, nil) })
+	assert.Panics(t, func() { Register("ZZ-Late", 1, nil) }, "names differing only in case")
+	r, ok := Lookup("ZZ-LATE")
+	assert.True(t, ok, "NCCL_GO_TRANSPORT matches in any case, as NCCL_NET does")
+	assert.Equal(t, "zz-late", r.Name)
 	assert.True(t, Unregister("zz-late"))
 	assert.False(t, Unregister("zz-late"), "already gone")
 	_, ok = Lookup("zz-late")

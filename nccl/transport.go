@@ -11,8 +11,9 @@ package nccl
 // threads at once (one service thread per communicator), so these must be safe
 // for concurrent use.
 type Transport interface {
-	// Name is the transport's short name ("ib", "socket"), used in logs and in
-	// NCCL_GO_TRANSPORT.
+	// Name is the transport's short name ("ib", "socket"), used in logs. It
+	// should equal the name it is registered under, which is what
+	// NCCL_GO_TRANSPORT selects (in any case).
 	Name() string
 	// Init discovers devices. Returning an error wrapping ErrNoDevice makes the
 	// glue fall back to the next transport quietly (INFO); any other error is a

@@ -67,7 +67,7 @@ type Properties struct {
 	PtrSupport          PtrType // NCCL_PTR_* bits; 0 means PtrHost
 	RegIsGlobal         bool    // registrations are not tied to a comm (MR cache)
 	ForceFlush          bool    // NCCL must iflush every GPU-direct receive
-	Speed               int     // Mbps
+	Speed               int     // Mbps; 0 means 10000
 	Port                int
 	Latency             float32 // microseconds; 0 lets NCCL use its defaults
 	MaxComms            int

@@ -36,6 +36,7 @@ var cases = []struct {
 	{"ConcurrentSetup", testConcurrentSetup},
 	{"SenderClosesFirst", testSenderClosesFirst},
 	{"CloseOutstanding", testCloseOutstanding},
+	{"SenderClosedFailsPending", testSenderClosedFailsPending},
 }
 
 func testProperties(h *H) {
@@ -59,17 +60,19 @@ func testProperties(h *H) {
 		if p.Name == "" {
 			bad("empty Name (NCCL uses it as the topology key)")
 		}
-		if p.PtrSupport&nccl.PtrHost == 0 {
+		// Zero is valid where nccl.Properties documents a default the glue
+		// fills (PtrSupport host, Speed, MaxRecvs 1).
+		if p.PtrSupport != 0 && p.PtrSupport&nccl.PtrHost == 0 {
 			bad("PtrSupport %#x lacks PtrHost; NCCL stages through host memory whenever GPU-direct is off", p.PtrSupport)
 		}
-		if p.Speed <= 0 {
-			bad("Speed %d Mbps must be positive", p.Speed)
+		if p.Speed < 0 {
+			bad("Speed %d Mbps is negative (0 = the default)", p.Speed)
 		}
 		if p.MaxComms <= 0 {
 			bad("MaxComms %d must be positive", p.MaxComms)
 		}
-		if p.MaxRecvs < 1 || p.MaxRecvs > 64 {
-			bad("MaxRecvs %d outside [1, 64]", p.MaxRecvs)
+		if p.MaxRecvs < 0 || p.MaxRecvs > 64 {
+			bad("MaxRecvs %d outside [1, 64] (0 = 1)", p.MaxRecvs)
 		}
 		if p.MaxP2PBytes < 0 || p.MaxP2PBytes > nccl.MaxNetSizeBytes {
 			bad("MaxP2PBytes %d outside (0, 2^40] (0 = default); NCCL fails set-up otherwise", p.MaxP2PBytes)
@@ -660,4 +663,44 @@ func testSenderClosesFirst(h *H) {
 		h.pump(f)
 		h.closePair(p)
 	}
+}
+
+// testSenderClosedFailsPending: the sender closes its comm (its process
+// tearing down, or ncclCommAbort there) while receives it will never fill
+// are posted here. Each must fail in Test before the case's deadline, never
+// stay "not done" for ever: NCCL's proxy would wait on it until the job's
+// own timeout. What was sent before the close still arrives
+// (SenderClosesFirst), so this sends a few messages first.
+func testSenderClosedFailsPending(h *H) {
+	p := h.connect()
+	h.pump(h.newFlow("before the close", p, mixedGroups(4, 0)))
+	orphan := h.newFlow("receives the closed sender never fills", p, []group{single(8, 8), single(1<<20, 1<<20)})
+	orphan.sends = nil // post only the receives
+	for i := 0; i < 10; i++ {
+		orphan.step()
+	}
+	if h.failed() {
+		return
+	}
+	p.sendClosed = true
+	h.closeComm("SendComm.Close", p.Send)
+	for i, ro := range orphan.recvs[:orphan.nextR] {
+		for {
+			var done bool
+			var err error
+			h.call("RecvComm.Test", func() { done, err = p.Recv.Test(ro.req, ro.sizes) })
+			if err != nil {
+				break
+			}
+			if done {
+				h.Errorf("receive %d reported done, but the sender closed without sending to it", i)
+				break
+			}
+			if h.expired() {
+				h.fatalf("receive %d still not done and no error at the deadline after the sender closed its comm: a closed peer must fail the receives it left posted", i)
+			}
+			runtime.Gosched()
+		}
+	}
+	h.closePair(p)
 }

@@ -34,7 +34,12 @@ type memTransport struct {
 	lateWriteOnClose bool // Close returns; the transport's progress engine still writes the closed comm's receive buffers later
 	leakGoroutine    bool // each comm starts a goroutine that Close never stops
 	onceGlobal       bool // process-wide state set up once (sync.Once) and torn down by Finalize
-	pendingLate      []func()
+	ignorePeerClose  bool // a receive the closed sender never fills stays "not done" for ever
+
+	// zeroDefaults leaves zero the Properties fields whose zero nccl.Properties
+	// documents as a default the glue fills: not a fault.
+	zeroDefaults bool
+	pendingLate  []func()
 
 	// checkRegs makes it an RDMA-like transport: data must lie in a live
 	// registration of the same comm (Options.Register).
@@ -67,6 +72,9 @@ func (t *memTransport) Devices() int { return 1 }
 func (t *memTransport) Properties(dev int) (nccl.Properties, error) {
 	if dev != 0 {
 		return nccl.Properties{}, fmt.Errorf("no device %d", dev)
+	}
+	if t.zeroDefaults {
+		return nccl.Properties{Name: "mem0", MaxComms: 1024}, nil
 	}
 	return nccl.Properties{Name: "mem0", PtrSupport: nccl.PtrHost, Speed: 1000, MaxComms: 1024, MaxRecvs: 8}, nil
 }
@@ -163,6 +171,7 @@ type memConn struct {
 	cond     *sync.Cond
 	accepted bool
 	closed   atomic.Int32
+	sendGone bool // the sending end closed; c.mu
 	sends    [nccl.MaxRequests * 8]memSendReq
 	sendQ    []int
 	recvs    [nccl.MaxRequests]memRecvReq
@@ -283,6 +292,9 @@ func (r *memRecv) Test(req nccl.Request, sizes []int) (bool, error) {
 		return false, q.err
 	}
 	if q.got < q.n {
+		if c.sendGone && len(c.sendQ) == 0 && !c.t.ignorePeerClose {
+			return false, nccl.Errorf(nccl.RemoteError, "the sender closed with this receive still posted")
+		}
 		return false, nil
 	}
 	if !(c.t.leakGroupedRecv && q.n > 1) {
@@ -386,7 +398,12 @@ func (s *memSend) RegMr(p unsafe.Pointer, n int, t nccl.PtrType) (nccl.MemHandle
 	return s.c.regMr(p, n, t)
 }
 func (s *memSend) DeregMr(mh nccl.MemHandle) error { return s.c.deregMr(mh) }
-func (s *memSend) Close() error                    { return s.c.close() }
+func (s *memSend) Close() error {
+	s.c.mu.Lock()
+	s.c.sendGone = true
+	s.c.mu.Unlock()
+	return s.c.close()
+}
 func (r *memRecv) RegMr(p unsafe.Pointer, n int, t nccl.PtrType) (nccl.MemHandle, error) {
 	return r.c.regMr(p, n, t)
 }

@@ -16,6 +16,12 @@ func TestMemTransportConformance(t *testing.T) {
 	Run(t, func() nccl.Transport { return &memTransport{} }, Options{MaxSize: 16 << 20})
 }
 
+// A transport may leave zero what nccl.Properties says the glue fills
+// (PtrSupport, Speed, MaxRecvs); the suite must not fail it for that.
+func TestZeroPropertyDefaultsConform(t *testing.T) {
+	Run(t, func() nccl.Transport { return &memTransport{zeroDefaults: true} }, Options{MaxSize: 1 << 20})
+}
+
 // With Options.Register every buffer handed over lies in a live
 // registration of its comm, and every registration is released by the end.
 func TestRegisteredBuffers(t *testing.T) {
@@ -51,6 +57,8 @@ var faults = map[string]struct {
 		"was written after its comm was closed", ""},
 	"leakGoroutine": {func() *memTransport { return &memTransport{leakGoroutine: true} }, "GoroutinesAfterFinalize",
 		"Close and Finalize must stop what the transport started", "ConnectAlternating|Finalize|GoroutinesAfterFinalize"},
+	"ignorePeerClose": {func() *memTransport { return &memTransport{ignorePeerClose: true} }, "SenderClosedFailsPending",
+		"not done and no error", ""},
 	"onceGlobal": {func() *memTransport { return &memTransport{onceGlobal: true} }, "InitAgainAfterFinalize",
 		"fabric already shut down", "Finalize|InitAgainAfterFinalize"},
 }

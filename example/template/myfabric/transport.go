@@ -24,7 +24,8 @@ type Transport struct {
 // New is the factory handed to nccl.Register.
 func New() nccl.Transport { return &Transport{} }
 
-// Name is used in logs and by NCCL_GO_TRANSPORT.
+// Name is used in logs; keep it equal to the name main registers the
+// transport under, which NCCL_GO_TRANSPORT selects.
 func (t *Transport) Name() string { return "myfabric" }
 
 // Init discovers devices. Return an error wrapping nccl.ErrNoDevice when this
