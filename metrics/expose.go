@@ -39,8 +39,12 @@ const (
 	// minStaleAge is how long another process's textfile must have gone
 	// unwritten before we delete it as stale.
 	minStaleAge = 2 * time.Minute
-	// shutdownWait bounds how long Stop waits for a scrape in progress.
-	shutdownWait = 2 * time.Second
+	// shutdownWait bounds how long Stop waits for a scrape in progress. A
+	// scrape reads atomics and is done in well under a millisecond; what
+	// outlasts this is a client that connected and sent no (or half a)
+	// request, a port probe or a stuck scraper, and the glue's finalize,
+	// which holds its lock over Stop, must not wait on that.
+	shutdownWait = 100 * time.Millisecond
 )
 
 // exporter is one Start..Stop lifetime of the exposition.
@@ -136,6 +140,15 @@ func LocalRank(log nccl.Logger) int {
 func BasePort() (port int, ok bool) {
 	port, _ = envNonNegative(nccl.DiscardLogger{}, settingPort.Name(), "")
 	return port, port >= 0
+}
+
+// BindAddress is NCCL_GO_METRICS_BIND (default 127.0.0.1), for tools that
+// find this host's endpoints the way Start opens them.
+func BindAddress() string {
+	if b := settingBind.Get(); b != "" {
+		return b
+	}
+	return defaultBind
 }
 
 // envNonNegative reads name as an integer >= 0 (NCCL's integer grammar).

@@ -68,6 +68,29 @@ func TestEndpointServesDeviceCounters(t *testing.T) {
 	assert.Error(t, err, "the endpoint must be closed by the last Stop")
 }
 
+// A client that connects and says nothing (a port probe), or sends half a
+// request, cannot hold Stop, which the glue's last finalize makes with its
+// lock held; it took Go's whole 2 s shutdown budget until 2026-11-28.
+func TestStopDoesNotWaitForSilentClients(t *testing.T) {
+	stopAll(t)
+	port := freePort(t)
+	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port), "LOCAL_RANK": "0"})
+	Start(&recLogger{}, testInfo)
+	e := currentExporter(t)
+	silent, err := net.Dial("tcp", e.addr)
+	require.NoError(t, err)
+	defer silent.Close()
+	half, err := net.Dial("tcp", e.addr)
+	require.NoError(t, err)
+	defer half.Close()
+	_, err = half.Write([]byte("GET /metrics HTTP/1.1\r\n"))
+	require.NoError(t, err)
+	scrape(t, e.addr) // the server has accepted both by the time it answers this
+	start := time.Now()
+	Stop()
+	assert.Less(t, time.Since(start), time.Second, "Stop waited for clients that sent no complete request")
+}
+
 func TestPortOffsetByLocalRank(t *testing.T) {
 	stopAll(t)
 	port := freePort(t)

@@ -272,8 +272,12 @@ func finalizeIfIdleLocked() {
 		return
 	}
 	state.finalizePending.Store(false)
-	for _, line := range metrics.Summary() {
-		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : %s", line)
+	// With counting off every figure would read 0: a NIC that carried the
+	// whole job logged as having moved nothing.
+	if state.countMetrics {
+		for _, line := range metrics.Summary() {
+			log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : %s", line)
+		}
 	}
 	metrics.Stop()
 	if err := state.transport.Finalize(); err != nil {

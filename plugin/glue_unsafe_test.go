@@ -258,6 +258,29 @@ func TestInitOnceAndV11Refcount(t *testing.T) {
 	require.Equal(t, nccl.Success, netFinalize(c3))
 }
 
+// The last finalize logs each device's traffic, unless NCCL_GO_METRICS=0
+// turned counting off, when every figure would be a misleading 0.
+func TestFinalizeSummaryOnlyWhenCounting(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		want bool
+	}{{"1", true}, {"0", false}} {
+		f := &fakeTransport{name: "summary", devs: 1}
+		name := register(t, f, 2000)
+		sink := setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_GO_METRICS": c.env, "NCCL_DEBUG": "INFO"})
+		ctx, res := netInit(11, true, -1)
+		require.Equal(t, nccl.Success, res)
+		require.Equal(t, nccl.Success, netFinalize(ctx))
+		sink.mu.Lock()
+		summary := false
+		for _, l := range sink.lines {
+			summary = summary || strings.Contains(l, "messages, received")
+		}
+		sink.mu.Unlock()
+		assert.Equal(t, c.want, summary, "NCCL_GO_METRICS=%s: per-device summary logged", c.env)
+	}
+}
+
 func TestV10InitAgainWithoutFinalize(t *testing.T) {
 	f := &fakeTransport{name: "v10", devs: 2}
 	initWith(t, f)

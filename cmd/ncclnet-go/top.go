@@ -34,7 +34,8 @@ ADDR is host:port, a port on this host, a range host:9400-9407 (a node's
 ranks), or a URL. Without ADDR: this host's NCCL_GO_METRICS_PORT (default
 9400; read as the plugin reads it inside NCCL: the environment, then
 NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf) and the 7 ports after
-it, one per local rank. --once takes two scrapes
+it (up to 65535), one per local rank, at NCCL_GO_METRICS_BIND's address
+(127.0.0.1 when unset or a wildcard). --once takes two scrapes
 --interval apart, prints one table without terminal control codes, and exits
 with status 1 if no endpoint answered.`)
 	interval := fs.Duration("interval", 2*time.Second, "`DURATION` between refreshes (and between the two scrapes of --once)")
@@ -58,10 +59,16 @@ with status 1 if no endpoint answered.`)
 		defer ncclenv.SetLookup(nil)
 		conf.warnProblems(c, "top")
 		base := 9400
-		if n, ok := metrics.BasePort(); ok && n > 0 && n+7 <= 65535 {
+		if n, ok := metrics.BasePort(); ok && n > 0 && n <= 65535 {
 			base = n
 		}
-		pos = []string{fmt.Sprintf("127.0.0.1:%d-%d", base, base+7)}
+		// The ranks listen where NCCL_GO_METRICS_BIND says; a wildcard
+		// answers on loopback too.
+		host := metrics.BindAddress()
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			host = "127.0.0.1"
+		}
+		pos = []string{net.JoinHostPort(host, fmt.Sprintf("%d-%d", base, min(base+7, 65535)))}
 	}
 	var targets []string
 	for _, a := range pos {

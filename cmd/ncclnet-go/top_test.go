@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -136,6 +137,48 @@ func TestTopLatencyAfterARankRestart(t *testing.T) {
 	cur.devs[k] = &devStats{latSum: [2]float64{3, 0}, latCount: [2]float64{20, 0}}
 	rows = (&scraper{}).rows([]*scrape{cur}, []*scrape{prev})
 	assert.Equal(t, 0.2, rows[0].latency)
+}
+
+// Without ADDR, top scrapes where the ranks listen: at NCCL_GO_METRICS_BIND
+// (not always loopback), and from a base port near 65535 as well (until
+// 2026-11-28 it scraped 127.0.0.1 whatever the bind, and 9400 for a base
+// above 65528).
+func TestTopDefaultTargetFollowsBindAndHighPorts(t *testing.T) {
+	serve := func(ln net.Listener) *httptest.Server {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, exposition("0", 1))
+		}))
+		srv.Listener.Close()
+		srv.Listener = ln
+		srv.Start()
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot listen on 127.0.0.2 (%v): this host's loopback is not 127.0.0.0/8", err)
+	}
+	host := strings.TrimPrefix(serve(ln).URL, "http://")
+	_, port, _ := strings.Cut(host, ":")
+	testEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": port, "NCCL_GO_METRICS_BIND": "127.0.0.2"})
+	out, errOut, code := runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "500ms")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(host)+` +0 +mlx5_0:1 +ib `, out, "the rank bound to NCCL_GO_METRICS_BIND")
+
+	var high net.Listener
+	for p := 65535; p > 65528 && high == nil; p-- {
+		high, _ = net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	if high == nil {
+		t.Skip("ports 65529-65535 are all taken on this host")
+	}
+	host = strings.TrimPrefix(serve(high).URL, "http://")
+	_, port, _ = strings.Cut(host, ":")
+	testEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": port})
+	out, errOut, code = runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "500ms")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(host)+` +0 +mlx5_0:1 +ib `, out, "the rank at a base port above 65528")
+	assert.NotContains(t, out, ":9400", "no silent fallback to the default base")
 }
 
 // Without ADDR, top scrapes the base port the plugin would use: the
