@@ -1322,6 +1322,91 @@ static int chk_close_outstanding(conf_t* c) {
   return rv;
 }
 
+/* Rank 1 sends one message and closes its send comm as a peer that finished
+ * (or aborted its communicator) does, its process alive. Rank 0 had two
+ * receives posted: the first gets the message, which was on the wire before
+ * the close; the second, which nothing will fill, must fail within the
+ * deadline rather than stay pending (peer-killed covers a dead process). */
+static int chk_peer_closed(conf_t* c) {
+  rank_t* r = c->r;
+  link_t l;
+  if (conf_link(c, &l, 0)) return -1;
+  const size_t small = 4096, big = 1u << 20;
+  int rv = 0;
+  uint8_t* buf = buf_alloc(small + big);
+  void *smh = NULL, *rmh = NULL;
+  net_regmr(&c->n, l.sc, buf, small + big, NCCL_PTR_HOST, &smh);
+  net_regmr(&c->n, l.rc, buf, small + big, NCCL_PTR_HOST, &rmh);
+  char x;
+  if (r->rank == 1) {
+    int k = ctl_recv(r, &x, 1, CONN_TIMEOUT_S); /* rank 0's receives are posted */
+    if (k == -3) rv = peer_gone(c, "before sending");
+    else if (k) rv = fail(c, "no go-ahead from rank 0");
+    pattern_fill(buf, small, 0x70656572);
+    void* sq = NULL;
+    if (rv == 0) rv = post_until(c, true, l.sc, buf, small, smh, &sq);
+    int done = 0;
+    set_where(r, "sending the last message before the close");
+    while (rv == 0 && !done) {
+      int sz[1];
+      ncclResult_t res = net_test(&c->n, sq, &done, sz);
+      if (res != ncclSuccess) rv = fail(c, "test on the send before the close returned %s", result_str(res));
+      else if (!done && past_deadline(r)) rv = fail(c, "the 4 KiB send before the close never completed");
+      else if (!done) sched_yield();
+    }
+    net_deregmr(&c->n, l.sc, smh);
+    set_where(r, "closeSend of a finished sender");
+    ncclResult_t res = net_close_send(&c->n, l.sc);
+    l.sc = NULL;
+    if (rv == 0 && res != ncclSuccess) rv = fail(c, "closeSend returned %s", result_str(res));
+    if (ctl_send(r, "c", 1) && rv == 0) rv = fail(c, "control channel broken");
+  } else {
+    void *rq1 = NULL, *rq2 = NULL;
+    rv = post_until(c, false, l.rc, buf, small, rmh, &rq1);
+    if (rv == 0) rv = post_until(c, false, l.rc, buf + small, big, rmh, &rq2);
+    if (rv == 0 && ctl_send(r, "r", 1)) rv = fail(c, "control channel broken");
+    if (rv == 0) {
+      int k = ctl_recv(r, &x, 1, CONN_TIMEOUT_S); /* rank 1 has closed */
+      if (k == -3) rv = peer_gone(c, "waiting for the peer to close");
+      else if (k) rv = fail(c, "the other rank never reported its close");
+    }
+    set_where(r, "test on receives after the sender closed");
+    int done = 0, size = -1;
+    ncclResult_t res = ncclSuccess;
+    while (rv == 0 && !done) {
+      res = net_test(&c->n, rq1, &done, &size);
+      if (res != ncclSuccess) rv = fail(c, "the receive of the message sent before the close failed with %s; it was on the wire and must arrive", result_str(res));
+      else if (!done && past_deadline(r)) rv = fail(c, "the receive of the message sent before the close never completed");
+      else if (!done) sched_yield();
+    }
+    if (rv == 0 && size != (int)small) rv = fail(c, "the message sent before the close arrived with size %d, not %zu", size, small);
+    if (rv == 0 && pattern_check(buf, small, 0x70656572) >= 0) rv = fail(c, "the message sent before the close arrived with the wrong bytes");
+    uint64_t t0 = now_ns();
+    done = 0;
+    res = ncclSuccess;
+    while (rv == 0 && res == ncclSuccess && !done) {
+      res = net_test(&c->n, rq2, &done, &size);
+      if (res == ncclSuccess && !done && past_deadline(r)) break;
+      if (res == ncclSuccess && !done) sched_yield();
+    }
+    double secs = (double)(now_ns() - t0) / 1e9;
+    char ws[400];
+    warn_suffix(ws, sizeof ws);
+    if (rv == 0 && done && res == ncclSuccess)
+      rv = fail(c, "a receive the closed sender never sent to reported success (size %d)", size);
+    else if (rv == 0 && res == ncclSuccess)
+      rv = fail(c, "test on a receive whose sender closed its comm still pending after %.1f s; it must return an error", secs);
+    else if (rv == 0 && res != ncclSystemError && res != ncclRemoteError)
+      rv = fail(c, "test on a receive whose sender closed returned %s; expected ncclSystemError or ncclRemoteError%s", result_str(res), ws);
+    if (rv == 0) snprintf(c->note, sizeof c->note, "(the orphaned receive failed after %.3f s: %s)", secs, result_str(res));
+    net_deregmr(&c->n, l.sc, smh);
+  }
+  net_deregmr(&c->n, l.rc, rmh);
+  if (conf_unlink(c, &l) && rv == 0) rv = -1;
+  buf_free(buf, small + big);
+  return rv;
+}
+
 /* A word of the killed peer's send every KILLED_STRIDE bytes, so that a
  * receive that completes can be told apart: all of them landed, or not. */
 #define KILLED_STRIDE (64u << 10)
@@ -1466,6 +1551,7 @@ static const check_t CHECKS[] = {
     {"iflush", chk_iflush, 8, 0},
     {"profiler-events", chk_profiler, 10, 0},
     {"close-outstanding-reconnect", chk_close_outstanding, 8, 0},
+    {"peer-closed", chk_peer_closed, 8, 0},
     {"peer-killed", chk_peer_killed, 8, F_NOSYNC},
     {"finalize", chk_finalize, 11, F_SOLO0},
 };

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make faults-selftest: the fault lane's checks can fail. Runs
-# `ncclnet-harness faults` and the conformance check peer-killed against
+# `ncclnet-harness faults` and the conformance checks peer-killed and
+# peer-closed against
 # scripts/faults/testdata/faultyplugin.c, a small plugin that works unless an
 # environment variable gives it a defect, and requires a PASS without defects
 # and the matching FAIL with each one.
@@ -37,6 +38,12 @@ check "peer-killed: a receive cut short and reported complete fails" 1 \
 check "peer-killed: a plugin whose forked children keep its sockets hangs" 1 \
   '^FAIL v8 peer-killed: .*still pending after' \
   FAULTY_FORK_KEEPS=1 -- conformance --versions 8 --only peer-killed --timeout 10
+# peer-closed: the peer closes its send comm, alive; the receive it never
+# filled must fail, not stay pending.
+check "peer-closed: a working plugin passes" 0 '^PASS v8 peer-closed \(the orphaned receive failed' \
+  -- conformance --versions 8 --only peer-closed
+check "peer-closed: a plugin that never reports a closed peer hangs" 1 '^FAIL v8 peer-closed: .*still pending after' \
+  FAULTY_IGNORE_PEER=1 -- conformance --versions 8 --only peer-closed --timeout 5
 check "kill: a working plugin passes" 0 '^faults kill: PASS: 4 trials.* 0 hangs' -- faults kill --trials 4
 check "kill: a plugin that never reports a dead peer hangs" 1 '^faults kill: FAIL: 2 trials.* 2 hangs' \
   FAULTY_IGNORE_PEER=1 -- faults kill --trials 2 --within 1
