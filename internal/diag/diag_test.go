@@ -161,6 +161,11 @@ func TestDecideForcedTransport(t *testing.T) {
 	assert.Equal(t, "NCCL_GO_TRANSPORT=socket", r.Why)
 	assert.False(t, r.Transports[0].Tried)
 
+	env(t, "NCCL_GO_TRANSPORT", "SOCKET") // the glue's nccl.Lookup ignores case
+	r = Diagnose(regs, Options{})
+	assert.Equal(t, "socket", r.Transport)
+	assert.Empty(t, r.InitError)
+
 	env(t, "NCCL_GO_TRANSPORT", "shm")
 	r = Diagnose(regs, Options{})
 	assert.Empty(t, r.Transport)
@@ -329,4 +334,14 @@ func TestPredictVNICsForceMerge(t *testing.T) {
 	env(t, "NCCL_NET_FORCE_MERGE", "mlx5", "NCCL_NET_MERGE_LEVEL", "LOC")
 	fu, _ = fuse(t, dualPort())
 	assert.Contains(t, fu.Error, "matches 0 device(s)", "force-merge names are exact, not prefixes")
+
+	// A group of one makes no vNIC but keeps its device out of automatic
+	// merging (NCCL's ncclTopoForceMerge marks it placed): port 1 stays alone
+	// even where its sibling port would fuse with it.
+	env(t, "NCCL_NET_FORCE_MERGE", "mlx5_0:1")
+	fu, _ = fuse(t, dualPort())
+	assert.Empty(t, fu.Error)
+	for _, v := range fu.VNICs {
+		assert.NotContains(t, v.Members, 0, "device 0 was forced to stay alone: %+v", fu.VNICs)
+	}
 }

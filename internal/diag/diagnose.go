@@ -60,7 +60,7 @@ func decide(r *Report, regs []nccl.Registration) {
 		found := false
 		for i := range r.Transports {
 			t := &r.Transports[i]
-			if t.Name != r.Forced {
+			if !strings.EqualFold(t.Name, r.Forced) { // as nccl.Lookup, which the glue uses
 				t.Reason = join(t.Reason, "not tried: NCCL_GO_TRANSPORT="+r.Forced)
 				continue
 			}

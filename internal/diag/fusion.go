@@ -233,7 +233,10 @@ func PredictVNICs(t nccl.Transport, devs []Device, sysfsRoot string) (*Fusion, [
 				return f, added
 			}
 			if len(members) == 1 {
-				continue // NCCL does not make vNICs of size 1
+				// NCCL makes no vNIC of size 1, but the device is placed
+				// all the same: automatic merging leaves it alone.
+				placed[members[0]] = true
+				continue
 			}
 			if err := make1(members, true); err != nil {
 				f.Error = fmt.Sprintf("NCCL_NET_FORCE_MERGE group %q: makeVDevice refused: %v; NCCL fails with ncclInvalidUsage", group, err)

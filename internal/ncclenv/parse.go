@@ -145,26 +145,39 @@ func ParseBool(s string) (bool, error) {
 // ParseDuration reads a bare number in unit (NCCL's own variables are plain
 // numbers such as NCCL_SOCKET_RETRY_SLEEP_MSEC; fractions are allowed) or a Go
 // duration ("90s", "1.5m").
+//
+// A comment after the number ("500 # slower", an nccl.conf line) is ignored
+// as for integers, with a *TrailingError; other text after it ("10 s") is an
+// error, since it may mean a unit. Out of range is an error: 2^63 ns, which
+// float64(math.MaxInt64) rounds to, would wrap to a negative duration.
 func ParseDuration(s string, unit time.Duration) (time.Duration, error) {
-	if n, err := ParseInt(s); err == nil {
-		d := float64(n) * float64(unit)
-		if math.Abs(d) > math.MaxInt64 {
-			return 0, fmt.Errorf("%q is out of range", s)
-		}
-		return time.Duration(d), nil
+	n, ierr := ParseInt(s)
+	if ierr == nil {
+		return scaled(s, float64(n), unit)
 	}
 	if f, err := strconv.ParseFloat(s, 64); err == nil && !strings.ContainsAny(s, "xXpP_") {
-		d := f * float64(unit)
-		if math.IsNaN(d) || math.IsInf(d, 0) || math.Abs(d) > math.MaxInt64 {
-			return 0, fmt.Errorf("%q is out of range", s)
+		return scaled(s, f, unit)
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		return d, nil
+	}
+	var t *TrailingError
+	if errors.As(ierr, &t) && strings.HasPrefix(strings.TrimSpace(t.Ignored), "#") {
+		d, err := scaled(s, float64(n), unit)
+		if err != nil {
+			return 0, err
 		}
-		return time.Duration(d), nil
+		return d, ierr
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a number of %s or a duration such as 1.5s", s, unitName(unit))
+	return 0, fmt.Errorf("%q is not a number of %s or a duration such as 1.5s", s, unitName(unit))
+}
+
+func scaled(s string, f float64, unit time.Duration) (time.Duration, error) {
+	d := f * float64(unit)
+	if math.IsNaN(d) || math.IsInf(d, 0) || math.Abs(d) >= 0x1p63 {
+		return 0, fmt.Errorf("%q is out of range", s)
 	}
-	return d, nil
+	return time.Duration(d), nil
 }
 
 var unitNames = map[time.Duration]string{

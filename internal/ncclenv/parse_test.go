@@ -114,11 +114,24 @@ func TestParseDuration(t *testing.T) {
 		require.NoError(t, err, c.in)
 		assert.Equal(t, c.want, got, c.in)
 	}
-	for _, bad := range []string{"", "soon", "1.5.5", "inf", "NaN", "1e300", "0x1p3", "10 s"} {
+	// A comment after the number is read past, as for integers, and said so.
+	got, err := ParseDuration("500 # slower", time.Millisecond)
+	assert.Equal(t, 500*time.Millisecond, got)
+	assert.True(t, ReadInPart(err), "%v", err)
+	// 2^63 ns rounds to float64(MaxInt64) and used to wrap to a negative
+	// duration (which turns NCCL_GO_TIMEOUT's liveness checks off).
+	for _, c := range []struct {
+		in   string
+		unit time.Duration
+	}{{"9223372036.854775807", time.Second}, {"9223372036854775807", time.Nanosecond}, {"-9223372036854775808", time.Nanosecond}} {
+		_, err := ParseDuration(c.in, c.unit)
+		assert.ErrorContains(t, err, "out of range", c.in)
+	}
+	for _, bad := range []string{"", "soon", "1.5.5", "inf", "NaN", "1e300", "0x1p3", "10 s", "5 s # x"} {
 		_, err := ParseDuration(bad, time.Second)
 		assert.Error(t, err, bad)
 	}
-	_, err := ParseDuration("soon", time.Millisecond)
+	_, err = ParseDuration("soon", time.Millisecond)
 	assert.ErrorContains(t, err, "milliseconds")
 }
 

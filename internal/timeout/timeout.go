@@ -37,10 +37,12 @@ func Bound(d time.Duration) time.Duration {
 
 // KeepAlive is the TCP keepalive that notices a vanished peer host within
 // about d: first probe after d/2, then 5 probes d/10 apart (each at least a
-// second). Not enabled for d <= 0.
+// second, and at most the 32767 s Linux accepts: beyond it the setsockopt
+// fails and Go's 15 s defaults stay). Not enabled for d <= 0.
 func KeepAlive(d time.Duration) net.KeepAliveConfig {
 	if d <= 0 {
 		return net.KeepAliveConfig{Enable: false}
 	}
-	return net.KeepAliveConfig{Enable: true, Idle: max(d/2, time.Second), Interval: max(d/10, time.Second), Count: 5}
+	const maxKeep = 32767 * time.Second
+	return net.KeepAliveConfig{Enable: true, Idle: min(max(d/2, time.Second), maxKeep), Interval: min(max(d/10, time.Second), maxKeep), Count: 5}
 }

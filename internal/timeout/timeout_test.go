@@ -39,6 +39,9 @@ func TestKeepAlive(t *testing.T) {
 	short := KeepAlive(500 * time.Millisecond)
 	assert.Equal(t, time.Second, short.Idle, "probes are at least a second apart")
 	assert.Equal(t, time.Second, short.Interval)
+	long := KeepAlive(100 * time.Hour) // Linux refuses more than 32767 s for either
+	assert.Equal(t, 32767*time.Second, long.Idle)
+	assert.Equal(t, 32767*time.Second, long.Interval)
 	assert.False(t, KeepAlive(0).Enable)
 	assert.False(t, KeepAlive(-1).Enable)
 }
