@@ -678,7 +678,7 @@ static int bench_rank(rank_t* r, void* arg) {
   int rc = 1;
   atomic_store(&s->cur_start_ns[r->rank], now_ns());
   atomic_store(&s->cur[r->rank], 0);
-  r->deadline_ns = now_ns() + (uint64_t)((r->timeout - 2) * 1e9);
+  r->deadline_ns = now_ns() + (uint64_t)(rank_budget(r->timeout) * 1e9);
   if (lat == NULL || bw == NULL) {
     snprintf(b.why, sizeof b.why, "out of memory");
     goto done;

@@ -484,7 +484,7 @@ static int mt_rank_main(rank_t* r, void* arg) {
   r->check = 0;
   atomic_store(&s->cur_start_ns[r->rank], now_ns());
   atomic_store(&s->cur[r->rank], 0);
-  r->deadline_ns = now_ns() + (uint64_t)((r->timeout - 2) * 1e9);
+  r->deadline_ns = now_ns() + (uint64_t)(rank_budget(r->timeout) * 1e9);
   set_where(r, "loading the plugin");
   if (net_load(&m.n, o->plugin, version, why, sizeof why) != 0) goto done;
   const char* miss = net_missing_entry(&m.n);

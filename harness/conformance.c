@@ -1588,8 +1588,7 @@ static int conf_rank(rank_t* r, void* arg) {
     atomic_store(&res->state, RES_RUNNING);
     /* Internal waits give up before the parent's watchdog, so a slow plugin
      * gets a precise message rather than "hung". */
-    double budget = r->timeout > 4 ? r->timeout - 2 : r->timeout * 0.8;
-    r->deadline_ns = now_ns() + (uint64_t)(budget * 1e9);
+    r->deadline_ns = now_ns() + (uint64_t)(rank_budget(r->timeout) * 1e9);
     c.why[0] = 0;
     c.note[0] = 0;
     c.secondary = false;
@@ -1607,7 +1606,12 @@ static int conf_rank(rank_t* r, void* arg) {
     }
     if (!(k->flags & (F_NOSYNC | F_SOLO0))) {
       set_where(r, "end-of-check handshake");
-      ctl_end_check(r, i, 15);
+      /* Wait as long as the other rank may still legitimately be in this
+       * check (its deadline, a few seconds of skew), at least 15 s: with a
+       * fixed 15 s, a rank still working on a slow but passing check was left
+       * behind, and its END frame then failed the next check on both sides. */
+      double left = r->timeout - (double)(now_ns() - atomic_load(&s->cur_start_ns[r->rank])) / 1e9 + 5;
+      ctl_end_check(r, i, left > 15 ? left : 15);
     }
     atomic_store(&s->cur[r->rank], -1);
     r->check = -1;

@@ -319,7 +319,7 @@ static int rank_begin(rank_t* r, fctx_t* c, net_t* n, hprops_t* p, char* why, si
   atomic_store(&f->pid[r->rank], (int)getpid());
   atomic_store(&r->shm->cur_start_ns[r->rank], now_ns());
   atomic_store(&r->shm->cur[r->rank], 0);
-  r->deadline_ns = now_ns() + (uint64_t)((r->timeout - 2) * 1e9);
+  r->deadline_ns = now_ns() + (uint64_t)(rank_budget(r->timeout) * 1e9);
   const char* ns = c->o->netns[r->rank];
   if (ns && *ns) {
     set_where(r, "entering network namespace %s", ns);
@@ -441,9 +441,10 @@ typedef struct {
 } xfer_t;
 
 /* A ring of up to FWINDOW buffers, filled once (sender) with the pattern of
- * the slot; each message also carries its own index in its first 8 bytes, so
- * a buffer left holding an earlier message, or a message delivered twice, is
- * caught as surely as a wrong byte. The receiver checks every byte of each
+ * the slot; each message also carries its own index in its first word and
+ * every 4 KiB after it (ring_stamp), so a buffer left holding an earlier
+ * message, a message delivered twice or only in part, is caught as surely as
+ * a wrong byte (until 2026-11-28 only the first 8 bytes were stamped). The receiver checks every byte of each
  * message before its buffer is posted again (inside the timing: GB/s figures
  * include it). Memory stays at FWINDOW x size per rank whatever the count. */
 static int xfer_prepare(rank_t* r, net_t* n, void* comm, xfer_t* x, char* why, size_t wl) {
@@ -469,20 +470,6 @@ static int xfer_prepare(rank_t* r, net_t* n, void* comm, xfer_t* x, char* why, s
   return 0;
 }
 
-static void stamp(uint8_t* buf, size_t size, uint64_t msg) {
-  if (size >= 8) memcpy(buf, &msg, 8);
-}
-
-/* -1 when message msg arrived whole in buf (slot seed), else the first wrong byte. */
-static long long check_msg(uint8_t* buf, size_t size, int seed, uint64_t msg) {
-  if (size >= 8) {
-    uint64_t got;
-    memcpy(&got, buf, 8);
-    if (got != msg) return 0;
-    pattern_fill(buf, 8, (uint64_t)seed); /* restore the pattern's first word, then check it all */
-  }
-  return pattern_check(buf, size, (uint64_t)seed);
-}
 
 static void xfer_release(net_t* n, void* comm, xfer_t* x) {
   if (x->mh) net_deregmr(n, comm, x->mh);
@@ -530,7 +517,7 @@ static int xfer_run(rank_t* r, fctx_t* c, net_t* n, void* comm, xfer_t* x, char*
     while (posted < total && posted - completed < FWINDOW) {
       int b = posted % x->nbuf;
       uint8_t* buf = x->arena + (size_t)b * x->slot;
-      if (sender) stamp(buf, x->size, (uint64_t)posted);
+      if (sender) ring_stamp(buf, x->size, (uint64_t)posted);
       void* req = (void*)0x1;
       ncclResult_t res = post_req(n, sender, comm, buf, x->size, x->mh, &req);
       if (res != ncclSuccess) {
@@ -590,11 +577,10 @@ static int xfer_run(rank_t* r, fctx_t* c, net_t* n, void* comm, xfer_t* x, char*
         return -1;
       }
       uint8_t* buf = x->arena + (size_t)(completed % x->nbuf) * x->slot;
-      long long bad = check_msg(buf, x->size, completed % x->nbuf, (uint64_t)completed);
+      long long bad = ring_check(buf, x->size, (uint64_t)(completed % x->nbuf), (uint64_t)completed);
       if (bad >= 0) {
-        uint64_t got = 0;
-        if (x->size >= 8) memcpy(&got, buf, 8);
-        if (bad == 0 && got != (uint64_t)completed)
+        uint64_t got = ring_msg(buf, x->size);
+        if (bad < 8 && got < (uint64_t)completed)
           snprintf(why, wl, "recv #%d holds message #%llu (a stale or repeated message)", completed, (unsigned long long)got);
         else
           snprintf(why, wl, "recv #%d: byte %lld of %zu is wrong (corrupted data)", completed, bad, x->size);

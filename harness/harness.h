@@ -43,6 +43,15 @@ void fork_lingering_child(double secs, atomic_int* until, int running);
 void pattern_fill(void* buf, size_t len, uint64_t seed);
 /* Returns the offset of the first wrong byte, or -1 when all len bytes match. */
 long long pattern_check(const void* buf, size_t len, uint64_t seed);
+/* Messages sent again and again from a ring of buffers, each filled once with
+ * its slot's pattern: ring_stamp writes message msg's index, keyed per place,
+ * over the first word of every 4 KiB and the last full word, so a buffer that
+ * still holds an earlier message, or got only part of this one, fails
+ * ring_check (the pattern of seed elsewhere) like a wrong byte. ring_msg reads
+ * back which message the first word names (UINT64_MAX under 8 bytes). */
+void ring_stamp(void* buf, size_t len, uint64_t msg);
+long long ring_check(const void* buf, size_t len, uint64_t seed, uint64_t msg);
+uint64_t ring_msg(const void* buf, size_t len);
 /* Sends (out) or receives exactly len bytes, retrying EINTR; with MSG_DONTWAIT
  * in flags, EAGAIN busy-polls with sched_yield(). 0, or -1 on error or on EOF
  * before len bytes. send() always adds MSG_NOSIGNAL. The buffer is only read
@@ -244,6 +253,10 @@ int ctl_end_check(rank_t* r, int idx, double timeout_s);
 /* true when the other rank failed the current check (so waiting for it is pointless). */
 bool peer_failed(rank_t* r);
 bool past_deadline(rank_t* r);
+/* A rank's own deadline inside a --timeout of secs: 2 s short of it, so the
+ * rank reports what it waited for before the watchdog calls it a hang (80 %
+ * of it for timeouts of 4 s and less, never negative). */
+double rank_budget(double secs);
 
 /* ------------------------------------------------------------ commands */
 

@@ -63,6 +63,8 @@ bool peer_failed(rank_t* r) {
   return r->check >= 0 && atomic_load(&r->shm->abort_check[1 - r->rank]) == r->check;
 }
 
+double rank_budget(double secs) { return secs > 4 ? secs - 2 : (secs > 0 ? secs * 0.8 : 0); }
+
 bool past_deadline(rank_t* r) {
   uint64_t now = now_ns();
   beat(r, now);
@@ -114,6 +116,9 @@ int ctl_recv(rank_t* r, void* buf, size_t len, double timeout_s) {
       int idx;
       if (f.len != sizeof idx || read_all(r, &idx, sizeof idx, until) != 0) return -1;
       r->peer_end = idx;
+      /* The end of an earlier check, which the peer reached after this rank
+       * had stopped waiting for it: stale, not news about this one. */
+      if (r->check >= 0 && idx < r->check) continue;
       return -3; /* the peer left the check: it failed there */
     }
     if (f.len != len) {
@@ -144,7 +149,7 @@ int ctl_end_check(rank_t* r, int idx, double timeout_s) {
   int saved = r->check;
   r->check = -1; /* the peer's abort flag must not cut this wait short */
   int rc = 0;
-  while (r->peer_end != idx) {
+  while (r->peer_end < idx) {
     frame_t g;
     if ((rc = read_all(r, &g, sizeof g, until)) != 0) break;
     if (g.kind == FRAME_END) {

@@ -33,7 +33,7 @@ static int xfer_rank(rank_t* r, void* arg) {
   r->check = 0;
   atomic_store(&s->cur_start_ns[r->rank], now_ns());
   atomic_store(&s->cur[r->rank], 0);
-  r->deadline_ns = now_ns() + (uint64_t)((r->timeout - 2) * 1e9);
+  r->deadline_ns = now_ns() + (uint64_t)(rank_budget(r->timeout) * 1e9);
   if (rank_open(r, &n, o->plugin, a->version, &p, why, sizeof why) != 0) goto done;
   if (link_up(r, &n, &l, 0, 30, why, sizeof why) != 0) goto done;
 
@@ -77,6 +77,11 @@ static int xfer_rank(rank_t* r, void* arg) {
   while (completed < iters) {
     while (posted < iters && posted - completed < window) {
       uint8_t* b = arena + (size_t)(posted % nbuf) * slot;
+      /* A reused buffer's content is the same message after message: the
+       * stamps make each one distinct, so a receive that wrote nothing, or
+       * only part, cannot pass for the next. Its previous send completed:
+       * at most nbuf are in flight. */
+      if (sender && verified_inline) ring_stamp(b, size, (uint64_t)posted);
       res = post_one(r, &n, sender, comm, b, size, 1, mh, &reqs[posted % WINDOW]);
       if (res != ncclSuccess) {
         snprintf(why, sizeof why, "%s #%d returned %s", sender ? "isend" : "irecv", posted, result_str(res));
@@ -106,7 +111,8 @@ static int xfer_rank(rank_t* r, void* arg) {
         goto done;
       }
       if (verified_inline) {
-        long long bad = pattern_check(arena + (size_t)(completed % nbuf) * slot, size, (uint64_t)(completed % nbuf));
+        long long bad = ring_check(arena + (size_t)(completed % nbuf) * slot, size, (uint64_t)(completed % nbuf),
+                                   (uint64_t)completed);
         if (bad >= 0) {
           snprintf(why, sizeof why, "recv #%d: byte %lld is wrong", completed, bad);
           goto done;
