@@ -129,3 +129,16 @@ func TestInitContextLoggerIsNeverNil(t *testing.T) {
 	w := &WriterLogger{W: io.Discard}
 	assert.Same(t, w, InitContext{Log: w}.Logger())
 }
+
+// What NCCL gets for a device whose transport filled nothing in: every
+// default the Properties comments promise.
+func TestPropertiesWithDefaults(t *testing.T) {
+	p := Properties{}.WithDefaults("vendor", 3)
+	assert.Equal(t, Properties{Name: "vendor3", PtrSupport: PtrHost, Speed: DefaultSpeed, MaxComms: 1, MaxRecvs: 1,
+		VDevs: []int{3}, MaxP2PBytes: MaxNetSizeBytes, MaxCollBytes: MaxCollSize, MaxMultiRequestSize: 1}, p)
+	q := Properties{Name: "x", MaxRecvs: 1000, MaxP2PBytes: 2 * MaxNetSizeBytes, Speed: 400000}.WithDefaults("vendor", 0)
+	assert.Equal(t, MaxGroupedRecvs, q.MaxRecvs)
+	assert.Equal(t, int64(MaxNetSizeBytes), q.MaxP2PBytes)
+	assert.Equal(t, 400000, q.Speed)
+	assert.Equal(t, "x", q.Name)
+}

@@ -11,6 +11,10 @@ const (
 	MaxNetSize      = 1 << 30 // largest single isend/irecv NCCL issues (NCCL_MAX_NET_SIZE)
 	MaxNetSizeBytes = 1 << 40 // upper bound for MaxP2PBytes / MaxCollBytes
 	MaxCollSize     = 512 << 20
+	// MaxGroupedRecvs bounds n in a grouped irecv: NCCL's proxy groups at
+	// most NCCL_PROXY_MAX_SUBS (64) receives, and never more than MaxRecvs.
+	MaxGroupedRecvs = 64
+	DefaultSpeed    = 10000 // Mbps reported for a device whose Speed is 0
 
 	TrafficClassUndef = -1 // ConnectOptions.TrafficClass when NCCL gave none
 )
@@ -78,6 +82,39 @@ type Properties struct {
 	MaxMultiRequestSize int        // v11+; 0 means 1
 	RailID              OptionalID // v12; zero value: undefined
 	PlaneID             OptionalID // v12; zero value: undefined
+}
+
+// WithDefaults is p as NCCL gets it from the glue: every field left zero
+// gets the default its comment gives (Name "<transport><dev>"), and what NCCL
+// would reject is brought into range (MaxP2PBytes and MaxCollBytes, MaxRecvs
+// to 1..MaxGroupedRecvs). Tools that show what NCCL sees use it too.
+func (p Properties) WithDefaults(transport string, dev int) Properties {
+	if p.Name == "" {
+		p.Name = transport + strconv.Itoa(dev)
+	}
+	if p.MaxP2PBytes <= 0 || p.MaxP2PBytes > MaxNetSizeBytes {
+		p.MaxP2PBytes = MaxNetSizeBytes
+	}
+	if p.MaxCollBytes <= 0 || p.MaxCollBytes > MaxNetSizeBytes {
+		p.MaxCollBytes = MaxCollSize
+	}
+	if p.MaxMultiRequestSize < 1 {
+		p.MaxMultiRequestSize = 1
+	}
+	p.MaxRecvs = min(max(p.MaxRecvs, 1), MaxGroupedRecvs)
+	if p.MaxComms < 1 {
+		p.MaxComms = 1
+	}
+	if p.Speed <= 0 {
+		p.Speed = DefaultSpeed
+	}
+	if p.PtrSupport == 0 {
+		p.PtrSupport = PtrHost
+	}
+	if len(p.VDevs) == 0 {
+		p.VDevs = []int{dev}
+	}
+	return p
 }
 
 // ConnectOptions carries the per-communicator settings NCCL gives connect

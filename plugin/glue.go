@@ -13,9 +13,8 @@ import (
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// maxABIRecvs bounds n in a grouped irecv at the ABI: NCCL's proxy groups at
-// most NCCL_PROXY_MAX_SUBS (64) receives and never more than maxRecvs.
-const maxABIRecvs = 64
+// maxABIRecvs bounds n in a grouped irecv at the ABI.
+const maxABIRecvs = nccl.MaxGroupedRecvs
 
 // state is the process-wide plugin state. NCCL calls the plugin from its
 // application, service and progress threads at once (nccl-net-api.md §3.1),
@@ -374,38 +373,14 @@ func netProperties(dev int) (nccl.Properties, nccl.Result) {
 
 // normalizedProperties fills what NCCL validates: it rejects maxP2pBytes
 // outside (0, 2^40] and treats maxRecvs < 1 as a broken plugin; the glue's
-// ABI takes at most maxABIRecvs buffers in a grouped receive.
+// ABI takes at most maxABIRecvs buffers in a grouped receive
+// (nccl.Properties.WithDefaults, which the device diagnosis shares).
 func normalizedProperties(t nccl.Transport, dev int) (nccl.Properties, error) {
 	p, err := t.Properties(dev)
 	if err != nil {
 		return p, err
 	}
-	if p.Name == "" {
-		p.Name = fmt.Sprintf("%s%d", t.Name(), dev)
-	}
-	if p.MaxP2PBytes <= 0 || p.MaxP2PBytes > nccl.MaxNetSizeBytes {
-		p.MaxP2PBytes = nccl.MaxNetSizeBytes
-	}
-	if p.MaxCollBytes <= 0 || p.MaxCollBytes > nccl.MaxNetSizeBytes {
-		p.MaxCollBytes = nccl.MaxCollSize
-	}
-	if p.MaxMultiRequestSize < 1 {
-		p.MaxMultiRequestSize = 1
-	}
-	p.MaxRecvs = min(max(p.MaxRecvs, 1), maxABIRecvs)
-	if p.MaxComms < 1 {
-		p.MaxComms = 1
-	}
-	if p.Speed <= 0 {
-		p.Speed = 10000
-	}
-	if p.PtrSupport == 0 {
-		p.PtrSupport = nccl.PtrHost
-	}
-	if len(p.VDevs) == 0 {
-		p.VDevs = []int{dev}
-	}
-	return p, nil
+	return p.WithDefaults(t.Name(), dev), nil
 }
 
 func netMakeVDevice(devList []int, maxDevs int) (int, nccl.Result) {

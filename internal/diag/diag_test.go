@@ -123,7 +123,9 @@ func TestDecideFallsBackLikeTheGlue(t *testing.T) {
 	assert.True(t, r.Transports[1].Selected)
 	require.Len(t, r.Transports[1].Devices, 1)
 	d := r.Transports[1].Devices[0]
-	assert.Equal(t, Device{Index: 0, Name: "eth0", SpeedMbps: 25000, GUID: "0x0000000000000000", Memory: []string{"host"}}, d)
+	// As NCCL sees it: the transport left MaxComms and MaxRecvs 0, which the
+	// glue reports as 1.
+	assert.Equal(t, Device{Index: 0, Name: "eth0", SpeedMbps: 25000, GUID: "0x0000000000000000", Memory: []string{"host"}, MaxComms: 1, MaxRecvs: 1}, d)
 	assert.Equal(t, 1, fin, "a usable transport is finalized after the survey")
 	assert.Len(t, explained, 2, "both transports explain themselves, usable or not")
 	assert.Error(t, explained[0])
@@ -170,6 +172,19 @@ func TestDecideForcedTransport(t *testing.T) {
 	r = Diagnose(regs, Options{})
 	assert.Empty(t, r.Transport)
 	assert.Equal(t, "NCCL_GO_TRANSPORT=shm names no transport of this plugin; use one of ib, socket or unset it", r.InitError)
+}
+
+// A transport that leaves Name empty is shown, and matched by
+// NCCL_NET_FORCE_MERGE, under the name the glue gives it.
+func TestDevicesShowTheGlueDefaults(t *testing.T) {
+	anon := &fakeTransport{name: "vendor", devs: []nccl.Properties{{}, {MaxRecvs: 200}}}
+	r := Diagnose([]nccl.Registration{reg("vendor", 10, anon)}, Options{})
+	require.Equal(t, "vendor", r.Transport)
+	devs := r.Transports[0].Devices
+	require.Len(t, devs, 2)
+	assert.Equal(t, "vendor0", devs[0].Name)
+	assert.Equal(t, 1, devs[0].MaxRecvs)
+	assert.Equal(t, nccl.MaxGroupedRecvs, devs[1].MaxRecvs, "capped as the glue caps it")
 }
 
 func TestDecideNothingUsable(t *testing.T) {

@@ -159,7 +159,7 @@ func survey(reg nccl.Registration, o Options) (d Transport) {
 			d.Notes = append(d.Notes, fmt.Sprintf("getProperties(%d): %v", i, perr))
 			continue
 		}
-		d.Devices = append(d.Devices, FromProperties(i, p))
+		d.Devices = append(d.Devices, FromProperties(i, p.WithDefaults(t.Name(), i)))
 	}
 	if ex, ok := t.(Explainer); ok {
 		ex.Explain(&d, nil)

@@ -200,7 +200,7 @@ func PredictVNICs(t nccl.Transport, devs []Device, sysfsRoot string) (*Fusion, [
 		v.Path = far.String()
 		f.VNICs = append(f.VNICs, v)
 		if p, err := t.Properties(idx); err == nil {
-			d := FromProperties(idx, p)
+			d := FromProperties(idx, p.WithDefaults(t.Name(), idx))
 			d.Virtual = true
 			added = append(added, d)
 		}
