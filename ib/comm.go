@@ -293,6 +293,23 @@ func (c *commCore) connectQPs(rm *connMeta, qs qos) error {
 			ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit, ah.TrafficClass = true, rd.GID, d.gidIndex, 255, uint8(tc)
 		} else {
 			ah.DLID = rd.LID
+			// As NCCL's ncclIbRtrQp: LID routing inside a subnet; across
+			// subnets a GRH, with the peer's FLID as DLID when it has one. A
+			// port that requires a GRH gets one either way (the kernel
+			// refuses RTR without it).
+			rg := verbs.GID(rd.GID)
+			same := d.gid.Subnet() == rg.Subnet()
+			if !same || d.attr.Flags&verbs.PortGRHRequired != 0 {
+				ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, rd.GID, d.gidIndex, 255
+			}
+			if !same {
+				if f := rg.FLID(); f != 0 {
+					ah.DLID = f
+				} else if c.t.flidWarned.CompareAndSwap(false, true) {
+					c.log.Warnf("NET/GoIB : %s and the peer's device %d are in different subnets (%#04x, %#04x) but the peer's GID %v has no FLID; routing by its LID %d, which only reaches a port of this subnet (check the subnet manager's FLID configuration, or NCCL_IB_ROUTABLE_FLID_GID_INDEX)",
+						d.device, rq.Dev, d.gid.Subnet(), rg.Subnet(), rg, rd.LID)
+				}
+			}
 		}
 		rtr := verbs.RTRAttr{PathMTU: min(d.attr.ActiveMTU, verbs.MTU(rd.MTU)), DestQPN: rq.QPN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AH: ah}
 		if err := c.modifyQP(fmt.Sprintf("ibv_modify_qp(RTR) on %s to QP %#x", d.device, rq.QPN), func() error { return q.qp.ModifyToRTR(rtr) }); err != nil {

@@ -21,10 +21,12 @@ import (
 var env = ncclenv.NewGroup("ib", logPrefix)
 
 var (
-	envDisable  = env.Bool("NCCL_IB_DISABLE", false, "do not use the ib transport")
-	envLib      = env.String("NCCL_IBVERBS_LIB", ibv.DefaultLibrary, "libibverbs to dlopen")
-	envHCA      = env.List("NCCL_IB_HCA", ncclenv.MaxIBDevs, "HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
-	envGIDIndex = env.Int("NCCL_IB_GID_INDEX", -1, "RoCE GID index; -1 chooses automatically").ShowDefault("-1 (automatic)")
+	envDisable      = env.Bool("NCCL_IB_DISABLE", false, "do not use the ib transport")
+	envLib          = env.String("NCCL_IBVERBS_LIB", ibv.DefaultLibrary, "libibverbs to dlopen")
+	envHCA          = env.List("NCCL_IB_HCA", ncclenv.MaxIBDevs, "HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
+	envGIDIndex     = env.Int("NCCL_IB_GID_INDEX", -1, "RoCE GID index; -1 chooses automatically").ShowDefault("-1 (automatic)")
+	envRoutableFLID = env.Int("NCCL_IB_ROUTABLE_FLID_GID_INDEX", 1,
+		"InfiniBand: the GID index used when its FLID is not 0 (routing across subnets), else index 0")
 	// NCCL compares the family exactly and reads anything else as AF_INET;
 	// so does ib, with a WARN (readAddrFamily).
 	envAddrFamily   = env.String("NCCL_IB_ADDR_FAMILY", "AF_INET", "address family of the automatically chosen RoCE GID")
@@ -167,6 +169,7 @@ type gidConfig struct {
 	hasRange    bool
 	noMatch     bool // NCCL_IB_ADDR_RANGE with a negative mask: no GID is in range
 	roceVersion int  // NCCL_IB_ROCE_VERSION_NUM (2)
+	flidIndex   int  // NCCL_IB_ROUTABLE_FLID_GID_INDEX (1)
 }
 
 func readGIDConfig(log nccl.Logger) gidConfig {
@@ -174,6 +177,7 @@ func readGIDConfig(log nccl.Logger) gidConfig {
 		index:       int(envGIDIndex.Get(log)),
 		family:      4,
 		roceVersion: int(envRoCEVersion.Get(log)),
+		flidIndex:   int(envRoutableFLID.Get(log)),
 	}
 	c.family = readAddrFamily(log, envAddrFamily.Get())
 	if r := envAddrRange.Get(); r != "" {

@@ -47,10 +47,27 @@ func (t *Transport) discoverLocked() error {
 		}
 		return fmt.Errorf("%w: %s", nccl.ErrNoDevice, why)
 	}
+	// In discovery order, as NCCL's ncclIbGetPciPath counts, before any sort.
+	for i, d := range t.devs {
+		d.realPort = 0
+		for _, e := range t.devs[:i] {
+			if d.pciPath != "" && e.pciPath == d.pciPath {
+				d.realPort++
+			}
+		}
+	}
 	if t.cfg.pciOrder {
 		// NCCL orders by the full path, so the ports and VFs that merge into
-		// one topology node keep a stable order among themselves.
-		sort.SliceStable(t.devs, func(i, j int) bool { return t.devs[i].fullPCIPath < t.devs[j].fullPCIPath })
+		// one topology node keep a stable order among themselves; a device
+		// without one (a virtual NIC) goes to the back, as in NCCL's
+		// ncclIbCompareDevs.
+		sort.SliceStable(t.devs, func(i, j int) bool {
+			a, b := t.devs[i].fullPCIPath, t.devs[j].fullPCIPath
+			if a == "" || b == "" {
+				return a != "" && b == ""
+			}
+			return a < b
+		})
 	}
 	t.vdevs = t.vdevs[:0]
 	for i, d := range t.devs {

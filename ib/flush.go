@@ -41,9 +41,10 @@ func (f *flusher) setup(c *commCore) error {
 		f.qps = append(f.qps, qp)
 		d.hca.owners.Store(qp.Num(), c)
 		ah := verbs.AH{Port: d.port}
-		if d.attr.LinkLayer == verbs.LinkEthernet {
+		if d.attr.LinkLayer == verbs.LinkEthernet || d.attr.Flags&verbs.PortGRHRequired != 0 {
 			ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, d.gid, d.gidIndex, 255
-		} else {
+		}
+		if d.attr.LinkLayer != verbs.LinkEthernet {
 			ah.DLID = d.attr.LID
 		}
 		init := verbs.InitAttr{PKeyIndex: c.cfg.pkey, Port: d.port, Access: verbs.AccessLocalWrite | verbs.AccessRemoteRead}

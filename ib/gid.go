@@ -43,6 +43,13 @@ func (c gidConfig) inRange(g verbs.GID) bool {
 func selectGID(ctx verbs.Context, fs sysfs.FS, port int, attr verbs.PortAttr, c gidConfig) (int, verbs.GID, error) {
 	dev := ctx.Name()
 	if attr.LinkLayer != verbs.LinkEthernet {
+		// As NCCL's ncclIbGetGidIndex: the routable-FLID index when its GID
+		// carries a FLID (the subnet manager's cross-subnet routing), else 0.
+		if i := c.flidIndex; i >= 0 && i < attr.GIDTblLen {
+			if g, err := ctx.QueryGID(port, i); err == nil && g.FLID() != 0 {
+				return i, g, nil
+			}
+		}
 		g, err := ctx.QueryGID(port, 0)
 		return 0, g, err
 	}

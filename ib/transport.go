@@ -33,6 +33,8 @@ type Transport struct {
 
 	cfg config // read once by Init
 
+	flidWarned atomic.Bool // the cross-subnet peer without a FLID was WARNed about
+
 	mu      sync.RWMutex
 	hcas    []*hca
 	devs    []*device // usable ports, in NCCL device order
@@ -103,11 +105,15 @@ type device struct {
 	gid         verbs.GID
 	pciPath     string // topology key (merged, see mergePCIPath)
 	fullPCIPath string
-	netdev      string
-	speed       int
-	ar          bool // adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else on for IB, off for RoCE
-	mrCache     mrCache
-	stats       mrCounters
+	// realPort: how many ports found before this one share its merged PCI
+	// path. NCCL reports port + realPort, so that the two functions of a
+	// dual-port card (each ibv port 1) stay two ports to its topology search.
+	realPort int
+	netdev   string
+	speed    int
+	ar       bool // adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else on for IB, off for RoCE
+	mrCache  mrCache
+	stats    mrCounters
 }
 
 func (d *device) String() string { return fmt.Sprintf("%s:%d", d.name, d.port) }
@@ -225,7 +231,7 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 		PtrSupport:   t.ptrSupport(devs),
 		RegIsGlobal:  true,
 		Speed:        0,
-		Port:         d0.port,
+		Port:         d0.port + d0.realPort,
 		MaxComms:     d0.hca.attr.MaxQP,
 		MaxRecvs:     maxRecvs,
 		MaxP2PBytes:  nccl.MaxNetSizeBytes,

@@ -184,8 +184,21 @@ type PortAttr struct {
 	ActiveWidth uint8 // IBV_WIDTH bit: 1=1x 2=4x 4=8x 8=12x 16=2x
 	ActiveSpeed uint8 // IBV_SPEED bit: 1=SDR ... 128=NDR
 	LinkLayer   LinkLayer
-	Flags       uint8
+	Flags       uint8 // PortGRHRequired
 }
+
+// PortGRHRequired is IBV_QPF_GRH_REQUIRED in PortAttr.Flags: the port takes
+// only address vectors with a GRH (the kernel refuses RTR without one).
+const PortGRHRequired uint8 = 1
+
+// Subnet is what NCCL compares to tell whether two InfiniBand ports share a
+// subnet (LID routing) or not (a GRH, and the FLID as DLID): the low 16 bits
+// of the GID's 64-bit subnet prefix.
+func (g GID) Subnet() uint16 { return uint16(g[6])<<8 | uint16(g[7]) }
+
+// FLID is the routable LID a GID of an InfiniBand port carries in bytes 4-5
+// (0 when the subnet manager gave none).
+func (g GID) FLID() uint16 { return uint16(g[4])<<8 | uint16(g[5]) }
 
 // GID is a 16-byte port GID (an IPv6 address, IPv4-mapped for RoCE over IPv4).
 type GID [16]byte

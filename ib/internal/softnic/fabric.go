@@ -70,6 +70,9 @@ type DeviceConfig struct {
 	// using the communicator's traffic class as the service level works
 	// there); other HCAs may, and this is how tests reach the RTR failure.
 	RefuseSL bool
+	// GRHRequired sets IBV_QPF_GRH_REQUIRED on an IB port: RTR without a
+	// GRH fails with EINVAL, as the kernel's rdma_check_ah_attr does.
+	GRHRequired bool
 }
 
 // Device is one software HCA.
@@ -147,7 +150,13 @@ func (f *Fabric) AddDevice(cfg DeviceConfig) *Device {
 		} else {
 			ps.attr.LID = f.nextLID
 			f.nextLID++
-			ps.gids = []GIDEntry{{GID: linkLocalGID(cfg.GUID + uint64(p)), Type: "IB/RoCE v1"}}
+			ps.gids = cfg.GIDs // another subnet prefix, a routable FLID at index 1
+			if ps.gids == nil {
+				ps.gids = []GIDEntry{{GID: linkLocalGID(cfg.GUID + uint64(p)), Type: "IB/RoCE v1"}}
+			}
+			if cfg.GRHRequired {
+				ps.attr.Flags |= verbs.PortGRHRequired
+			}
 		}
 		ps.attr.GIDTblLen = len(ps.gids)
 		d.ports = append(d.ports, ps)
@@ -429,7 +438,10 @@ func (f *Fabric) takeFaultLocked(dev string, qpn uint32, op verbs.Opcode, atPost
 }
 
 // resolveLocked finds the destination port of an address vector.
-func (f *Fabric) resolveLocked(ah verbs.AH) *Device {
+// resolveLocked finds the device an address vector reaches from a port
+// whose GID 0 is from: by GID with a GRH, else by LID, which is local to a
+// subnet (an IB port of another subnet is reached only through a GRH).
+func (f *Fabric) resolveLocked(ah verbs.AH, from verbs.GID) *Device {
 	for _, d := range f.devices {
 		for _, p := range d.ports {
 			if ah.IsGlobal {
@@ -438,7 +450,7 @@ func (f *Fabric) resolveLocked(ah verbs.AH) *Device {
 						return d
 					}
 				}
-			} else if p.attr.LID != 0 && p.attr.LID == ah.DLID {
+			} else if p.attr.LID != 0 && p.attr.LID == ah.DLID && len(p.gids) > 0 && p.gids[0].GID.Subnet() == from.Subnet() {
 				return d
 			}
 		}

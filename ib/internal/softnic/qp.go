@@ -197,6 +197,8 @@ func (q *qp) ModifyToRTR(a verbs.RTRAttr) error {
 		return fmt.Errorf("softnic: QP %#x source GID index %d invalid: %w", q.num, a.AH.SGIDIndex, verbs.EINVAL)
 	case !a.AH.IsGlobal && q.dev.cfg.LinkLayer == verbs.LinkEthernet:
 		return fmt.Errorf("softnic: QP %#x: RoCE needs a global address: %w", q.num, verbs.EINVAL)
+	case !a.AH.IsGlobal && p.attr.Flags&verbs.PortGRHRequired != 0:
+		return fmt.Errorf("softnic: QP %#x: port %d requires a GRH (rdma_check_ah_attr): %w", q.num, q.port, verbs.EINVAL)
 	case q.dev.cfg.RefuseSL && q.dev.cfg.LinkLayer != verbs.LinkEthernet && a.AH.SL > 15:
 		return fmt.Errorf("softnic: QP %#x service level %d out of range: %w", q.num, a.AH.SL, verbs.EINVAL)
 	}
@@ -384,7 +386,11 @@ func (q *qp) runBlockedLocked() {
 }
 
 func (q *qp) responderLocked() *qp {
-	d := q.dev.fabric.resolveLocked(q.rtr.AH)
+	var from verbs.GID
+	if gids := q.dev.ports[q.port-1].gids; len(gids) > 0 {
+		from = gids[0].GID
+	}
+	d := q.dev.fabric.resolveLocked(q.rtr.AH, from)
 	if d == nil {
 		return nil
 	}
