@@ -722,8 +722,15 @@ static int bench_rank(rank_t* r, void* arg) {
     goto done;
   }
   pattern_fill(b.arena, alen, 7);
-  net_regmr(&n, l.sc, b.arena, alen, NCCL_PTR_HOST, &b.smh);
-  net_regmr(&n, l.rc, b.arena, alen, NCCL_PTR_HOST, &b.rmh);
+  /* A failed registration must stop the run, not leave it measuring with
+   * NULL handles (which an RDMA transport refuses, or worse). */
+  ncclResult_t sres = net_regmr(&n, l.sc, b.arena, alen, NCCL_PTR_HOST, &b.smh);
+  ncclResult_t rres = sres == ncclSuccess ? net_regmr(&n, l.rc, b.arena, alen, NCCL_PTR_HOST, &b.rmh) : sres;
+  if (sres != ncclSuccess || rres != ncclSuccess) {
+    snprintf(b.why, sizeof b.why, "regMr of %zu bytes on the %s comm returned %s", alen, sres != ncclSuccess ? "send" : "recv",
+             result_str(sres != ncclSuccess ? sres : rres));
+    goto done;
+  }
   char tr[64];
   harness_transport_name(tr, sizeof tr);
   if (r->rank == 0)

@@ -145,8 +145,9 @@ func readConfig(log nccl.Logger) (config, error) {
 	retry := ncclsock.ReadRetry(log, logPrefix)
 	c.dialRetry, c.dialSleep = retry.Count, retry.Sleep
 	if c.adaptive != arAuto && c.adaptive != 0 && c.adaptive != 1 {
-		log.Warnf("NET/GoIB : NCCL_IB_ADAPTIVE_ROUTING=%d is neither 0 nor 1; using the link layer's default (on for InfiniBand, off for RoCE)", c.adaptive)
-		c.adaptive = arAuto
+		// NCCL keeps any value but -2 and tests it as a boolean.
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_ADAPTIVE_ROUTING=%d: on, as NCCL reads any value but 0 (and -2, the link layer's default)", c.adaptive)
+		c.adaptive = 1
 	}
 	c.setupLimit = timeout.Bound(c.peerTime)
 	if c.peerTime <= 0 {
