@@ -65,25 +65,6 @@ void pattern_fill(void* buf, size_t len, uint64_t seed) {
   }
 }
 
-long long pattern_check(const void* buf, size_t len, uint64_t seed) {
-  const uint8_t* b = buf;
-  size_t words = len / 8;
-  for (size_t i = 0; i < words; i++) {
-    uint64_t v = mix(seed, i), got;
-    memcpy(&got, b + i * 8, 8);
-    if (got != v) {
-      for (size_t k = 0; k < 8; k++)
-        if (((const uint8_t*)&v)[k] != b[i * 8 + k]) return (long long)(i * 8 + k);
-    }
-  }
-  if (len % 8) {
-    uint64_t v = mix(seed, words);
-    for (size_t k = 0; k < len % 8; k++)
-      if (((const uint8_t*)&v)[k] != b[words * 8 + k]) return (long long)(words * 8 + k);
-  }
-  return -1;
-}
-
 #define RING_STRIDE_WORDS 512 /* one stamp per 4 KiB */
 
 static uint64_t ring_key(size_t i) { return 0x72696e67ull * 0x9E3779B97F4A7C15ull ^ (uint64_t)i * 0xC2B2AE3D27D4EB4Full; }
@@ -103,11 +84,13 @@ void ring_stamp(void* buf, size_t len, uint64_t msg) {
   }
 }
 
-long long ring_check(const void* buf, size_t len, uint64_t seed, uint64_t msg) {
+/* The first byte of buf that differs from the pattern of seed (with message
+ * msg's ring stamps where stamped), or -1. */
+static long long check_words(const void* buf, size_t len, uint64_t seed, bool stamped, uint64_t msg) {
   const uint8_t* b = buf;
   size_t words = len / 8;
   for (size_t i = 0; i < words; i++) {
-    uint64_t v = ring_stamped(i, words) ? msg ^ ring_key(i) : mix(seed, i), got;
+    uint64_t v = stamped && ring_stamped(i, words) ? msg ^ ring_key(i) : mix(seed, i), got;
     memcpy(&got, b + i * 8, 8);
     if (got != v) {
       for (size_t k = 0; k < 8; k++)
@@ -121,6 +104,10 @@ long long ring_check(const void* buf, size_t len, uint64_t seed, uint64_t msg) {
   }
   return -1;
 }
+
+long long pattern_check(const void* buf, size_t len, uint64_t seed) { return check_words(buf, len, seed, false, 0); }
+
+long long ring_check(const void* buf, size_t len, uint64_t seed, uint64_t msg) { return check_words(buf, len, seed, true, msg); }
 
 uint64_t ring_msg(const void* buf, size_t len) {
   if (len < 8) return UINT64_MAX;

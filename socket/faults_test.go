@@ -383,6 +383,23 @@ func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Co
 	return ctrl, beat, data
 }
 
+// acceptRogue listens on tr and accepts a connection whose sender the test
+// plays itself (rogueConnect); everything is closed when the test ends.
+func acceptRogue(t *testing.T, tr *Transport, connID uint64) (rc nccl.RecvComm, hi handleInfo, ctrl, beat net.Conn, data []net.Conn) {
+	t.Helper()
+	l, _, hi := listenDecoded(t, tr)
+	t.Cleanup(func() { l.Close() })
+	ctrl, beat, data = rogueConnect(t, hi, connID)
+	for rc == nil {
+		var err error
+		rc, err = l.Accept()
+		require.NoError(t, err)
+		pace()
+	}
+	t.Cleanup(func() { rc.Close() })
+	return rc, hi, ctrl, beat, data
+}
+
 // silentPings is how many liveness pings a silent peer's kernel must answer
 // before the tests of silent and slow peers end the silence. A ping is written only once the one
 // before was answered and the peer was then silent for NCCL_GO_TIMEOUT/2 (the
@@ -402,18 +419,8 @@ func TestSilentSenderIsAlive(t *testing.T) {
 			withEnv(t, map[string]string{envTimeout: "0.3", envNThreads: streams})
 			log := &captureLog{}
 			tr := initLoopback(t, log)
-			l, _, hi := listenDecoded(t, tr)
-			defer l.Close()
+			rc, hi, ctrl, beat, data := acceptRogue(t, tr, 42)
 			require.Equal(t, streams, fmt.Sprint(hi.streams))
-			ctrl, beat, data := rogueConnect(t, hi, 42)
-			var rc nccl.RecvComm
-			for rc == nil {
-				var err error
-				rc, err = l.Accept()
-				require.NoError(t, err)
-				pace()
-			}
-			defer rc.Close()
 			dst := make([]byte, 1<<20)
 			rq, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: len(dst), Tag: 3}})
 			require.NoError(t, err)
@@ -478,18 +485,8 @@ func TestMatchedReceiveOutlivesSenderClose(t *testing.T) {
 	withEnv(t, map[string]string{envNThreads: "4"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	l, _, hi := listenDecoded(t, tr)
-	defer l.Close()
+	rc, hi, ctrl, _, data := acceptRogue(t, tr, 43)
 	require.Equal(t, 4, hi.streams)
-	ctrl, _, data := rogueConnect(t, hi, 43)
-	var rc nccl.RecvComm
-	for rc == nil {
-		var err error
-		rc, err = l.Accept()
-		require.NoError(t, err)
-		pace()
-	}
-	defer rc.Close()
 	const size = 1 << 20
 	dst := make([]byte, size)
 	q1, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 3}})
