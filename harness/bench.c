@@ -7,7 +7,8 @@
  * pass posts what the window allows and tests the oldest outstanding request,
  * and a pass that made no progress ends in sched_yield(). The processes are not
  * pinned. Every figure is the median of 3 rounds (--rounds) in which the
- * methods alternate (plugin, then each TCP baseline), and carries both
+ * methods alternate, each round starting one method later than the one before
+ * (plugin, TCP x1, TCP x4; then TCP x1, TCP x4, plugin; ...), and carries both
  * processes' CPU use over the measured interval (getrusage: user + system
  * time / wall time, so 100 % is one core) and their thread counts
  * (/proc/self/status).
@@ -531,6 +532,12 @@ static int bench_idle(bench_t* b) {
   return wait_yield(b, req);
 }
 
+/* The k-th method to run in a round. The order rotates by one each round, so
+ * that no method always runs first after a size change or right after another
+ * given method: the VM's slow spells last seconds, and a fixed order lets them
+ * fall on the same neighbour pair every time (docs/performance.md, "Noise"). */
+static int method_in_round(int round, int k, int nm) { return (round + k) % nm; }
+
 static int bench_lat(bench_t* b, lat_res_t* res) {
   rank_t* r = b->r;
   int nm = b->a->o->plugin_only ? 1 : NLATM;
@@ -546,7 +553,8 @@ static int bench_lat(bench_t* b, lat_res_t* res) {
     size_t sz = b->a->lat_sizes[i];
     lat_res_t* lr = &res[i];
     for (int round = 0; round < rounds; round++)
-      for (int m = 0; m < nm; m++) {
+      for (int k = 0; k < nm; k++) {
+        int m = method_in_round(round, k, nm);
         set_where(r, "latency %zu B, %s, round %d", sz, LAT_NAME[m], round + 1);
         if (run_lat(b, m, sz, &lr->med[m][round], &lr->p99[m][round], lr->slow[m][round], lr->u[m][round])) return -1;
       }
@@ -585,7 +593,8 @@ static int bench_bw(bench_t* b, bw_res_t* res) {
     size_t sz = b->a->bw_sizes[i];
     bw_res_t* br = &res[i];
     for (int round = 0; round < rounds; round++)
-      for (int m = 0; m < nm; m++) {
+      for (int k = 0; k < nm; k++) {
+        int m = method_in_round(round, k, nm);
         set_where(r, "bandwidth %zu B, %s, round %d", sz, BW_NAME[m], round + 1);
         if (run_bw(b, m, sz, &br->gbs[m][round], br->u[m][round])) return -1;
       }

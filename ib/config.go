@@ -38,7 +38,7 @@ var (
 	envDMABuf       = env.Bool("NCCL_DMABUF_ENABLE", true, "register GPU memory through dma-buf when the kernel supports it")
 	envRelaxedOrder = env.Int("NCCL_IB_PCI_RELAXED_ORDERING", 2, "0 off; 1 and 2 register with relaxed ordering when ibv_reg_mr_iova2 exists")
 	envAdaptive     = env.Int("NCCL_IB_ADAPTIVE_ROUTING", arAuto, "0 or 1; unset follows the link layer (on for InfiniBand, off for RoCE)").ShowDefault("auto")
-	envARThreshold  = env.Int("NCCL_IB_AR_THRESHOLD", 8192, "with adaptive routing, messages above this many bytes send their data apart from the immediate").In(0, math.MaxInt64)
+	envARThreshold  = env.Int("NCCL_IB_AR_THRESHOLD", 8192, "with adaptive routing, messages above this many bytes send their data apart from the immediate; negative: every message")
 	envQPs          = env.Int("NCCL_IB_QPS_PER_CONNECTION", 1, "queue pairs per connection and device").Clamp(1, maxQPs)
 	envSplitData    = env.Bool("NCCL_IB_SPLIT_DATA_ON_QPS", false, "spread each message over every QP instead of one QP per message")
 	envPKey         = env.Int("NCCL_IB_PKEY", 0, "partition key index")
@@ -148,6 +148,12 @@ func readConfig(log nccl.Logger) (config, error) {
 		// NCCL keeps any value but -2 and tests it as a boolean.
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_ADAPTIVE_ROUTING=%d: on, as NCCL reads any value but 0 (and -2, the link layer's default)", c.adaptive)
 		c.adaptive = 1
+	}
+	if c.arThreshold < 0 {
+		// NCCL compares the (signed) message size with it: every message,
+		// zero-length ones included, is above a negative threshold.
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_AR_THRESHOLD=%d: with adaptive routing every message sends its data apart from the immediate, as in NCCL", c.arThreshold)
+		c.arThreshold = -1
 	}
 	c.setupLimit = timeout.Bound(c.peerTime)
 	if c.peerTime <= 0 {

@@ -314,7 +314,8 @@ bench() {
   # Under TCG the guest's speed drifts by a third within minutes (host load,
   # the emulator's own threads), so the plugin and its reference are measured
   # in alternation: per size, ROUNDS rounds of [harness, one round;
-  # ib_write_bw; ib_write_bw -t 8], each figure the median of its rounds, as
+  # ib_write_bw; ib_write_bw -t 8], the order rotating by one each round,
+  # each figure the median of its rounds, as
   # the harness does against TCP (issue 10's rule). The harness measures the
   # plugin alone (--plugin-only), on about as many bytes as ib_write_bw: rxe
   # under emulation moves tens of MB/s. rxe takes seconds per 16 MiB message:
@@ -332,32 +333,47 @@ bench() {
     n=$(( (128 << 20) / size )); [ "$n" -lt 16 ] && n=16; [ "$n" -gt 5000 ] && n=5000
     for m in plugin wb wb8; do : >"$work/$m.$size"; : >"$work/hwacc.$m"; done
     for round in $(seq "$rounds"); do
-      out=$work/harness_bw.$size.$round
-      hw_snap "$work/hw.0"
-      NCCL_GO_STALL_WARN=${NCCL_GO_STALL_WARN:-120} NCCL_GO_TRANSPORT=ib timeout -k 10 $((limit + 30)) "$HARNESS" bench --plugin "$PLUGIN" --timeout "$limit" \
-        --plugin-only --rounds 1 --size "$size" --bw-bytes "$((n * size))" bw >"$out" 2>&1
-      rc=$?
-      hw_snap "$work/hw.1"; hw_acc "$work/hw.0" "$work/hw.1" "$work/hwacc.plugin"
-      g=$(harness_rows "$out" | awk -v s="$size" '$1 == s { print $2 }')
-      if [ "$rc" -ne 0 ] || [ -z "$g" ]; then
-        sed 's/^/  /' "$out"
-        fail bench "harness bench bw at $size B, round $round: exit $rc${g:+ }${g:-, no row for $size B in its table}"
-        stop_sampler; summary
-      fi
-      grep -E "^ *[0-9]+ [KMG]?i?B +[0-9]+ +plugin " "$out" | sed "s/^/round $round: /"
-      echo "$g" >>"$work/plugin.$size"
-      hw_snap "$work/hw.0"
-      write_bw "write_bw_${size}_$round" $port "$size" "$n" || { stop_sampler; summary; }
-      hw_snap "$work/hw.1"; hw_acc "$work/hw.0" "$work/hw.1" "$work/hwacc.wb"
-      echo "$wb_gbs" >>"$work/wb.$size"
-      port=$((port + 1))
-      # The same with as many writes in flight as the harness keeps messages
-      # in flight (8, NCCL_STEPS; perftest's default is 128). It tells how
-      # much of a gap is the window NCCL's proxy allows rather than the
-      # plugin: a second column, the target stays against the default.
-      write_bw "write_bw8_${size}_$round" $port "$size" "$n" -t 8 || { stop_sampler; summary; }
-      echo "$wb_gbs" >>"$work/wb8.$size"
-      port=$((port + 1))
+      # Each round starts one step later than the one before (plugin, wb,
+      # wb8; then wb, wb8, plugin; ...), so that no arm always runs first at a
+      # size or always right after the same neighbour: the guest's slow spells
+      # last longer than one step.
+      for m in $(rotate "$round" plugin wb wb8); do
+        case $m in
+        plugin)
+          out=$work/harness_bw.$size.$round
+          hw_snap "$work/hw.0"
+          NCCL_GO_STALL_WARN=${NCCL_GO_STALL_WARN:-120} NCCL_GO_TRANSPORT=ib timeout -k 10 $((limit + 30)) "$HARNESS" bench --plugin "$PLUGIN" --timeout "$limit" \
+            --plugin-only --rounds 1 --size "$size" --bw-bytes "$((n * size))" bw >"$out" 2>&1
+          rc=$?
+          hw_snap "$work/hw.1"; hw_acc "$work/hw.0" "$work/hw.1" "$work/hwacc.plugin"
+          g=$(harness_rows "$out" | awk -v s="$size" '$1 == s { print $2 }')
+          if [ "$rc" -ne 0 ] || [ -z "$g" ]; then
+            sed 's/^/  /' "$out"
+            fail bench "harness bench bw at $size B, round $round: exit $rc${g:+ }${g:-, no row for $size B in its table}"
+            stop_sampler; summary
+          fi
+          grep -E "^ *[0-9]+ [KMG]?i?B +[0-9]+ +plugin " "$out" | sed "s/^/round $round: /"
+          echo "$g" >>"$work/plugin.$size"
+          ;;
+        wb)
+          hw_snap "$work/hw.0"
+          write_bw "write_bw_${size}_$round" $port "$size" "$n" || { stop_sampler; summary; }
+          hw_snap "$work/hw.1"; hw_acc "$work/hw.0" "$work/hw.1" "$work/hwacc.wb"
+          echo "$wb_gbs" >>"$work/wb.$size"
+          port=$((port + 1))
+          ;;
+        wb8)
+          # The same with as many writes in flight as the harness keeps
+          # messages in flight (8, NCCL_STEPS; perftest's default is 128). It
+          # tells how much of a gap is the window NCCL's proxy allows rather
+          # than the plugin: a second column, the target stays against the
+          # default.
+          write_bw "write_bw8_${size}_$round" $port "$size" "$n" -t 8 || { stop_sampler; summary; }
+          echo "$wb_gbs" >>"$work/wb8.$size"
+          port=$((port + 1))
+          ;;
+        esac
+      done
     done
     hw_print "$work/hwacc.plugin" "the harness's $rounds runs at $size B"
     hw_print "$work/hwacc.wb" "ib_write_bw's $rounds runs at $size B"
@@ -385,6 +401,12 @@ bench() {
 
 # median FILE: the median of the numbers in FILE, one per line (the lower
 # middle for an even count, as the harness takes it).
+# rotate R A B C...: the arguments rotated left by R-1 (round R of the bench).
+rotate() {
+  local r=$(( ($1 - 1) % ($# - 1) )); shift
+  local args=("$@")
+  echo "${args[@]:r}" "${args[@]:0:r}"
+}
 median() { sort -g "$1" | awk '{ v[NR] = $1 } END { print (NR ? v[int((NR + 1) / 2)] : 0) }'; }
 
 # bench_lat: the harness's ping-pong latency through the ib transport, with the
