@@ -56,7 +56,9 @@ type RecvComm interface {
 	// past the buffer. bufs is only valid during the call.
 	Irecv(bufs []RecvBuffer) (Request, error)
 	// Iflush makes GPU-direct received data visible to the GPU. bufs[i].Size is
-	// the received size. It returns NoRequest when nothing needs to be done.
+	// the received size. It returns NoRequest only when nothing needs to be
+	// done: NCCL counts a NULL flush request as complete, so a flush that
+	// cannot start now (no free slot) must return an error, never NoRequest.
 	// bufs is only valid during the call.
 	Iflush(bufs []RecvBuffer) (Request, error)
 	// Test reports whether r is complete; when done, sizes[i] receives the bytes

@@ -254,6 +254,13 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 		return fail(call, err) // cannot happen while e is open: finalize waits for it
 	}
 	defer state.mu.RUnlock()
+	return closeEntryLocked(t, e, h, call)
+}
+
+// closeEntryLocked is closeEntry with state.mu already held (shared, or
+// exclusively by restartLocked).
+func closeEntryLocked(t nccl.Transport, e *commEntry, h uintptr, call string) nccl.Result {
+	var err error
 	if comms.Remove(slots.Ref{Slot: e.slot, Gen: e.gen}) == nil {
 		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
 	}

@@ -38,8 +38,13 @@ var state struct {
 	// created in between keeps the transport.
 	ctxRefs atomic.Int32
 	// The last context went while comms were still open (ncclCommAbort may
-	// leave them to be closed later): the last close finalizes the transport.
+	// leave them to be closed later): the last close finalizes the transport,
+	// or, if none comes, the next init does (see restartLocked).
 	finalizePending atomic.Bool
+	// NCCL_NET_PLUGIN_REF_COUNT > 0: NCCL never unloads the plugin and keeps
+	// the device count (virtual NICs included) it read at the first init, so
+	// the transport stays up after the last finalize. Set by setupLocked.
+	neverUnloaded bool
 	// A v8-v10 init succeeded. Those APIs have no finalize, so from then on
 	// the transport lives as long as the process: a v11+ table's last
 	// finalize (a second NCCL in the same process) must not end it under
@@ -176,6 +181,7 @@ func setupLocked(version int) error {
 	}
 	state.transport = t
 	state.ready = true
+	state.neverUnloaded = settingRefCount.Get(log) > 0
 	if onSetup != nil {
 		onSetup(t)
 	}
@@ -192,10 +198,13 @@ func setupLocked(version int) error {
 // per-communicator context back and call finalize for each.
 func netInit(version int, withCtx bool, trafficClass int) (ctx uintptr, res nccl.Result) {
 	state.mu.RLock()
-	if !state.ready {
+	if !state.ready || state.finalizePending.Load() {
 		state.mu.RUnlock()
 		state.mu.Lock()
 		defer state.mu.Unlock()
+		if state.ready && state.finalizePending.Load() && state.ctxRefs.Load() == 0 {
+			restartLocked()
+		}
 		if !state.ready {
 			if err := setupLocked(version); err != nil {
 				return 0, fail("init", err)
@@ -263,6 +272,11 @@ func finalizeIfIdleLocked() {
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : last context finalized; transport %s stays for the v8-v10 API user in this process, which has no finalize", state.transport.Name())
 		return
 	}
+	if state.neverUnloaded {
+		state.finalizePending.Store(false)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : last context finalized; transport %s stays up: with NCCL_NET_PLUGIN_REF_COUNT > 0 NCCL keeps the plugin loaded and its devices (fused NICs included) for the next communicator", state.transport.Name())
+		return
+	}
 	if n := comms.Len(); n > 0 {
 		// ncclCommAbort may finalize before the service thread closed every
 		// comm; the last close finishes the job.
@@ -270,6 +284,31 @@ func finalizeIfIdleLocked() {
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : last context finalized with %d comm(s) still open; transport %s ends when they are closed", n, state.transport.Name())
 		return
 	}
+	endTransportLocked()
+}
+
+// restartLocked ends a transport whose last context went while comms were
+// still open, when a new init arrives before the last of them was closed.
+// With NCCL_NET_PLUGIN_REF_COUNT at 0 (NCCL 2.28+'s default) NCCL unloads the
+// plugin at the last finalize, and on this new load it calls devices and
+// makes its fused NICs afresh: an old transport would report the previous
+// load's fused NICs as physical ones. The comms left open belong to the
+// previous load (a listen comm whose connection set-up was aborted is never
+// closed by NCCL), so no one will close them: close them here. state.mu is
+// held exclusively, so no set-up call is inside the transport.
+func restartLocked() {
+	n := 0
+	comms.Range(func(r slots.Ref, e *commEntry) bool {
+		closeEntryLocked(state.transport, e, commHandle(e.tag, r.Gen, r.Slot), closeCall(e.tag))
+		n++
+		return true
+	})
+	log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : init after the last finalize: closed %d comm(s) the previous communicators left open and restarting transport %s, as NCCL has loaded the plugin again", n, state.transport.Name())
+	endTransportLocked()
+}
+
+// endTransportLocked finalizes the transport (state.mu held exclusively).
+func endTransportLocked() {
 	state.finalizePending.Store(false)
 	// With counting off every figure would read 0: a NIC that carried the
 	// whole job logged as having moved nothing.

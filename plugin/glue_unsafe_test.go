@@ -173,6 +173,7 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 		state.ctxRefs.Store(0)
 		state.finalizePending.Store(false)
 		state.pinned.Store(false)
+		state.neverUnloaded = false
 		state.mu.Unlock()
 		profiler.Store(nil)
 		// Comms or contexts a test left open must not make a later test's

@@ -362,3 +362,75 @@ func TestHandlesOfAClosedCommDoNotReachItsSlotsNextComm(t *testing.T) {
 	assert.Equal(t, nccl.Success, res, "the new comm is untouched")
 	assert.True(t, done)
 }
+
+// fuseTransport is a fresh transport per New(), as ib is: two physical
+// devices, and makeVDevice appends a virtual one.
+type fuseTransport struct {
+	fakeTransport
+	vdevs int
+}
+
+func (f *fuseTransport) Devices() int { return 2 + f.vdevs }
+func (f *fuseTransport) MakeVDevice([]int) (int, error) {
+	f.vdevs++
+	return 1 + f.vdevs, nil
+}
+
+func registerFuse(t *testing.T) string {
+	regSeq++
+	name := fmt.Sprintf("fuse-%d", regSeq)
+	nccl.Register(name, 3000+regSeq, func() nccl.Transport {
+		return &fuseTransport{fakeTransport: fakeTransport{name: name, devs: 2}}
+	})
+	t.Cleanup(func() { nccl.Unregister(name) })
+	return name
+}
+
+// With NCCL_NET_PLUGIN_REF_COUNT > 0 NCCL never unloads the plugin: it calls
+// devices and fuses NICs at the first communicator only ("Virtual devices
+// are only created once per network", graph/topo.cc) and asks every later
+// one for the fused NIC by index. The transport must outlive the last
+// finalize, or the next communicator's getProperties(2) fails.
+func TestFusedNICSurvivesTheLastFinalizeWhenNCCLNeverUnloads(t *testing.T) {
+	name := registerFuse(t)
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name, "NCCL_NET_PLUGIN_REF_COUNT": "1"})
+	c1, res := netInit(12, true, -1)
+	require.Equal(t, nccl.Success, res)
+	n, _ := netDevices()
+	require.Equal(t, 2, n)
+	v, res := netMakeVDevice([]int{0, 1}, 8)
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, 2, v)
+	require.Equal(t, nccl.Success, netFinalize(c1))
+	c2, res := netInit(12, true, -1) // no devices() call: NCCL kept its counts
+	require.Equal(t, nccl.Success, res)
+	defer netFinalize(c2)
+	_, res = netProperties(v)
+	assert.Equal(t, nccl.Success, res, "fused NIC %d, which NCCL still uses, is gone", v)
+}
+
+// With the default NCCL_NET_PLUGIN_REF_COUNT (0) NCCL 2.28+ unloads the
+// plugin at the last finalize and, on the next communicator, calls devices
+// and fuses afresh, taking every index below the count as physical. A comm
+// NCCL never closes (the listen comm of a connection whose set-up was
+// aborted: recvProxyFree acts only on connected ones) must not keep the old
+// transport, and its fused NIC, alive into that new load.
+func TestCommLeftOpenDoesNotCarryFusedNICsIntoTheNextLoad(t *testing.T) {
+	name := registerFuse(t)
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	c1, res := netInit(12, true, -1)
+	require.Equal(t, nccl.Success, res)
+	var h nccl.Handle
+	lh, res := netListen(0, &h)
+	require.Equal(t, nccl.Success, res)
+	_, res = netMakeVDevice([]int{0, 1}, 8)
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, nccl.Success, netFinalize(c1))
+	c2, res := netInit(12, true, -1)
+	require.Equal(t, nccl.Success, res)
+	defer netFinalize(c2)
+	n, _ := netDevices()
+	assert.Equal(t, 2, n, "after a reload devices() must count the physical NICs only")
+	assert.Zero(t, comms.Len(), "the previous load's listen comm must be closed")
+	assert.NotEqual(t, nccl.Success, netClose(lh, tagListen), "its handle is stale now")
+}
