@@ -151,25 +151,72 @@ func BindAddress() string {
 	return defaultBind
 }
 
-// envNonNegative reads name as an integer >= 0 (NCCL's integer grammar).
-// set reports whether it has a value at all; a value that is not such an
-// integer gets a WARN (with hint) and n = -1.
+// parseNonNegative reads v as an integer >= 0 (NCCL's integer grammar);
+// partial is set when text after the number was ignored.
+func parseNonNegative(v string) (n int64, partial error, ok bool) {
+	n, err := ncclenv.ParseInt(v)
+	if ncclenv.ReadInPart(err) {
+		partial, err = err, nil
+	}
+	return n, partial, err == nil && n >= 0 && n <= 1<<31
+}
+
+// envNonNegative reads name as an integer >= 0. set reports whether it has a
+// value at all; a value that is not such an integer gets a WARN (with hint)
+// and n = -1.
 func envNonNegative(log nccl.Logger, name, hint string) (n int, set bool) {
 	v, ok := ncclenv.Value(name)
 	if !ok {
 		return -1, false
 	}
-	n64, err := ncclenv.ParseInt(v)
-	n = int(n64)
-	if ncclenv.ReadInPart(err) {
-		log.Warnf("NET/Go : metrics: reading %s=%q as %d: %v", name, v, n64, err)
-		err = nil
+	n64, partial, ok := parseNonNegative(v)
+	if partial != nil {
+		log.Warnf("NET/Go : metrics: reading %s=%q as %d: %v", name, v, n64, partial)
 	}
-	if err != nil || n64 < 0 || n64 > 1<<31 {
+	if !ok {
 		log.Warnf("NET/Go : metrics: ignoring %s=%q: expected an integer >= 0; %s", name, v, hint)
 		return -1, true
 	}
-	return n, true
+	return int(n64), true
+}
+
+// checkNonNegative is envNonNegative's reading as a registry check (what
+// `ncclnet-go env` shows); instead is what a refused value leaves.
+func checkNonNegative(v, instead string) (int, ncclenv.Verdict) {
+	n64, partial, ok := parseNonNegative(v)
+	switch {
+	case !ok:
+		return -1, ncclenv.Verdict{Used: "none", Invalid: true, Why: "expected an integer >= 0; " + instead}
+	case partial != nil:
+		return int(n64), ncclenv.Verdict{Used: strconv.FormatInt(n64, 10), InPart: true, Why: fmt.Sprintf("%v; the plugin uses %d", partial, n64)}
+	}
+	return int(n64), ncclenv.Verdict{Used: strconv.FormatInt(n64, 10)}
+}
+
+// checkPort is the base port's reading (envNonNegative's, then listen's rule)
+// as a registry check.
+func checkPort(v string) ncclenv.Verdict {
+	const none = "; the plugin serves no metrics endpoint"
+	n, err := ncclenv.ParseInt(v)
+	switch {
+	case err != nil && !ncclenv.ReadInPart(err):
+		return ncclenv.Verdict{Used: "none", Invalid: true, Why: err.Error() + none}
+	case n < 1 || n > 65535:
+		return ncclenv.Verdict{Used: "none", Invalid: true, Why: fmt.Sprintf("%d is not a port: give the base port in 1..65535 (each rank serves base + its local rank)", n) + none}
+	case err != nil:
+		return ncclenv.Verdict{Used: strconv.FormatInt(n, 10), InPart: true, Why: fmt.Sprintf("%v; the plugin uses %d", err, n)}
+	}
+	return ncclenv.Verdict{Used: strconv.FormatInt(n, 10)}
+}
+
+func init() {
+	ncclenv.SetCheck(envPort, checkPort)
+	for _, v := range settingLocalRank {
+		ncclenv.SetCheck(v.Name(), func(raw string) ncclenv.Verdict {
+			_, vd := checkNonNegative(raw, "the plugin skips it (the next local-rank variable, else 0)")
+			return vd
+		})
+	}
 }
 
 func startExporter(log nccl.Logger, info Info) *exporter {
@@ -194,7 +241,15 @@ func startExporter(log nccl.Logger, info Info) *exporter {
 
 func (e *exporter) listen(base int64, bind string) {
 	port := base + int64(e.localRank)
-	if base == 0 || port > 65535 {
+	if base == 0 {
+		// Not "gives port <rank>, outside 1..65535": with local rank 1
+		// that port would be in range, and the message would contradict
+		// itself.
+		e.log.Warnf("NET/Go : metrics: %s=0 is not a port; set %s to a base port in 1..65535 (each rank serves base + its local rank); continuing without the metrics endpoint",
+			envPort, envPort)
+		return
+	}
+	if port > 65535 {
 		e.log.Warnf("NET/Go : metrics: %s=%d + local rank %d gives port %d, outside 1..65535; set %s to a base port such that base + local rank is valid; continuing without the metrics endpoint",
 			envPort, base, e.localRank, port, envPort)
 		return

@@ -168,7 +168,9 @@ func TestBadSettingsWarn(t *testing.T) {
 		warn string
 	}{
 		{map[string]string{"NCCL_GO_METRICS_PORT": "http"}, `NCCL_GO_METRICS_PORT="http"`},
-		{map[string]string{"NCCL_GO_METRICS_PORT": "0"}, "outside 1..65535"},
+		{map[string]string{"NCCL_GO_METRICS_PORT": "0"}, "NCCL_GO_METRICS_PORT=0 is not a port; set NCCL_GO_METRICS_PORT to a base port in 1..65535"},
+		// Base 0 is the problem, not the port it gives (1 is in range).
+		{map[string]string{"NCCL_GO_METRICS_PORT": "0", "LOCAL_RANK": "1"}, "NCCL_GO_METRICS_PORT=0 is not a port;"},
 		{map[string]string{"NCCL_GO_METRICS_PORT": "65535", "LOCAL_RANK": "1"}, "gives port 65536"},
 		{map[string]string{"NCCL_GO_METRICS_PORT": "9400", "NCCL_GO_METRICS_BIND": "192.0.2.1"}, "NCCL_GO_METRICS_BIND"},
 		{map[string]string{"NCCL_GO_METRICS_TEXTFILE_DIR": "/nonexistent/dir"}, "NCCL_GO_METRICS_TEXTFILE_DIR=/nonexistent/dir"},

@@ -39,7 +39,13 @@ func (t *Transport) Explain(d *diag.Transport, initErr error) {
 	found, how := ncclsock.Find(ifs, ncclsock.Options{Max: ncclenv.MaxIfs, Log: nccl.DiscardLogger{}, Prefix: logPrefix})
 	rule, selects := ruleOf(how, found)
 	if !strings.HasPrefix(how, ncclsock.IfName.Name()) {
-		d.Notes = append(d.Notes, "NCCL_SOCKET_IFNAME is unset: NCCL's default search takes ib*, else the interface in NCCL_COMM_ID's subnet, else any interface but docker*/lo*/virbr*, else docker*, else lo*, else virbr*")
+		const search = "NCCL's default search takes ib*, else the interface in NCCL_COMM_ID's subnet, else any interface but docker*/lo*/virbr*, else docker*, else lo*, else virbr*"
+		if v, ok := ncclenv.Value(ncclsock.IfName.Name()); ok {
+			// Find ignored a set value: NCCL ignores one of a single character.
+			d.Notes = append(d.Notes, fmt.Sprintf("NCCL_SOCKET_IFNAME=%s is ignored (NCCL ignores a value of one character), so %s", v, search))
+		} else {
+			d.Notes = append(d.Notes, "NCCL_SOCKET_IFNAME is unset: "+search)
+		}
 	}
 	fam := family(nccl.DiscardLogger{})
 	for _, it := range ifs {

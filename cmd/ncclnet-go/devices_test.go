@@ -83,3 +83,16 @@ func TestDevicesUnknownForcedTransport(t *testing.T) {
 	assert.Equal(t, 1, code)
 	assert.True(t, strings.HasPrefix(out, "transport: none: the plugin's init would fail: NCCL_GO_TRANSPORT=shm names no transport of this plugin; use one of ib, socket or unset it\n"), out)
 }
+
+// A one-character NCCL_SOCKET_IFNAME is set, and ignored as NCCL ignores it;
+// the report says so (until 2026-11-28 its note said the variable was unset).
+func TestDevicesSaysAOneCharacterIfNameIsIgnored(t *testing.T) {
+	testEnv(t, map[string]string{"NCCL_SOCKET_IFNAME": "x", "NCCL_IB_DISABLE": "1"})
+	out, _, _ := runCmd(t, "devices")
+	assert.Contains(t, out, "  note: NCCL_SOCKET_IFNAME=x is ignored (NCCL ignores a value of one character), so NCCL's default search takes ib*")
+	assert.NotContains(t, out, "NCCL_SOCKET_IFNAME is unset")
+
+	testEnv(t, map[string]string{"NCCL_IB_DISABLE": "1"})
+	out, _, _ = runCmd(t, "devices")
+	assert.Contains(t, out, "  note: NCCL_SOCKET_IFNAME is unset: NCCL's default search takes ib*")
+}

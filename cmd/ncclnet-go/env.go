@@ -27,6 +27,11 @@ type envSetting struct {
 	Kind    string `json:"kind"`
 	Range   string `json:"range,omitempty"`
 	Doc     string `json:"doc"`
+	// Problem is "invalid" (the plugin ignores the value) or "read in part"
+	// (it uses only part of it), with Why ending in what it uses instead;
+	// empty when the plugin uses the value as written.
+	Problem string `json:"problem,omitempty"`
+	Why     string `json:"why,omitempty"`
 }
 
 // envWarning is a set NCCL_GO_* name nothing declares.
@@ -57,10 +62,13 @@ and /etc/nccl.conf to the environment without overriding it, and the plugin
 reads its settings after that, so the source is "env", the configuration
 file that set it, or "default".
 
-A set NCCL_GO_* variable the plugin does not know is almost always a typo:
-it is reported with the closest known name, and the exit status is 1. Set
-NCCL_* variables the plugin does not read are listed as well (NCCL itself
-may read them).`)
+Each set value is read as the plugin reads it: one it would ignore (not a
+number, out of range) or read only in part ("256k" is 256) is reported
+with what the plugin uses instead, and the exit status is 1. A set
+NCCL_GO_* variable the plugin does not know is almost always a typo: it is
+reported with the closest known name, and the exit status is 1. Set NCCL_*
+variables the plugin does not read are listed as well (NCCL itself may read
+them).`)
 	onlySet := fs.Bool("set", false, "list only the variables that are set")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := fs.parse(args); err != nil {
@@ -79,12 +87,25 @@ may read them).`)
 	} else {
 		printEnv(c, r)
 	}
+	var msgs []string
+	var bad []string
+	for _, s := range r.Settings {
+		if s.Problem != "" {
+			bad = append(bad, s.Name)
+		}
+	}
+	if len(bad) > 0 {
+		msgs = append(msgs, fmt.Sprintf("%d setting(s) the plugin would ignore or read only in part: %s", len(bad), strings.Join(bad, ", ")))
+	}
 	if len(r.Unknown) > 0 {
 		var n []string
 		for _, u := range r.Unknown {
 			n = append(n, u.Name)
 		}
-		return failure{fmt.Sprintf("%d set NCCL_GO_* variable(s) the plugin does not know (a typo?): %s", len(n), strings.Join(n, ", "))}
+		msgs = append(msgs, fmt.Sprintf("%d set NCCL_GO_* variable(s) the plugin does not know (a typo?): %s", len(n), strings.Join(n, ", ")))
+	}
+	if len(msgs) > 0 {
+		return failure{strings.Join(msgs, "; ")}
 	}
 	return nil
 }
@@ -130,8 +151,12 @@ func buildEnvReport(conf *ncclConf, onlySet bool) envReport {
 		if onlySet && !ok {
 			continue
 		}
-		r.Settings = append(r.Settings, envSetting{Name: s.Name, Value: v, Set: ok, Source: src, Default: s.Default,
-			Owner: s.Owner, Kind: string(s.Kind), Range: s.Range, Doc: s.Doc})
+		row := envSetting{Name: s.Name, Value: v, Set: ok, Source: src, Default: s.Default,
+			Owner: s.Owner, Kind: string(s.Kind), Range: s.Range, Doc: s.Doc}
+		if ok {
+			row.Problem, row.Why = checkSetting(s, v)
+		}
+		r.Settings = append(r.Settings, row)
 	}
 	set := setNames(conf)
 	source := map[string]string{}
@@ -179,6 +204,16 @@ func printEnv(c *cli, r envReport) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, v, def, s.Source, s.Owner)
 	}
 	tw.Flush()
+	problems := false
+	for _, s := range r.Settings {
+		if s.Problem != "" {
+			if !problems {
+				fmt.Fprintln(w)
+				problems = true
+			}
+			fmt.Fprintf(w, "%s: %s=%s (%s): %s\n", s.Problem, s.Name, s.Value, s.Source, s.Why)
+		}
+	}
 	for _, u := range r.Unknown {
 		hint := ""
 		if u.Suggestion != "" {

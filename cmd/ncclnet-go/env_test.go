@@ -79,3 +79,60 @@ func TestEnvListsTheRegistry(t *testing.T) {
 		assert.Regexp(t, `(?m)^`+name+` +- `, out)
 	}
 }
+
+// A set value the plugin would ignore, or read only in part, fails the check
+// and says what the plugin uses instead (until 2026-11-28 env listed
+// NCCL_GO_TIMEOUT=abc as if it were in effect, with status 0).
+func TestEnvFlagsValuesThePluginWouldNotUseAsWritten(t *testing.T) {
+	testEnv(t, map[string]string{
+		"NCCL_GO_TIMEOUT":              "abc",
+		"NCCL_SOCKET_INLINE":           "99999999",
+		"NCCL_GO_METRICS_PORT":         "-3",
+		"NCCL_GO_SOCKET_IDLE_INLINE":   "256k",
+		"NCCL_IB_QPS_PER_CONNECTION":   "500",
+		"NCCL_SOCKET_RETRY_SLEEP_MSEC": "90000",
+		"NCCL_GO_SOCKET_SHARE_AFTER":   "2000000",
+		"NCCL_SOCKET_IFNAME":           "x",
+		"NCCL_IB_DISABLE":              "maybe",
+		"NCCL_GO_STALL_WARN":           "10",
+		"NCCL_IB_HCA":                  "mlx5_0:1",
+	})
+	out, errOut, code := runCmd(t, "env", "--set")
+	assert.Equal(t, 1, code, out)
+	for _, line := range []string{
+		`invalid: NCCL_GO_TIMEOUT=abc (env): "abc" is not a number of seconds or a duration such as 1.5s; the plugin uses the default 5m0s`,
+		`invalid: NCCL_SOCKET_INLINE=99999999 (env): 99999999 must be in [0, 1048576]; the plugin uses the default 16384`,
+		`invalid: NCCL_GO_METRICS_PORT=-3 (env): -3 is not a port: give the base port in 1..65535 (each rank serves base + its local rank); the plugin serves no metrics endpoint`,
+		`read in part: NCCL_GO_SOCKET_IDLE_INLINE=256k (env): NCCL reads only the number at the start of "256k" and ignores "k"; the plugin uses 256`,
+		`invalid: NCCL_IB_QPS_PER_CONNECTION=500 (env): 500 must be in [1, 128]; the plugin uses 128`,
+		`invalid: NCCL_SOCKET_RETRY_SLEEP_MSEC=90000 (env): 1m30s must be in [0s, 1m0s]; the plugin uses 1m0s`,
+		`invalid: NCCL_GO_SOCKET_SHARE_AFTER=2000000 (env): 2s must be in [0s, 1s]; the plugin uses the default 100µs`,
+		`invalid: NCCL_SOCKET_IFNAME=x (env): NCCL ignores a value of one character; the plugin uses NCCL's default interface search`,
+		`invalid: NCCL_IB_DISABLE=maybe (env): "maybe" is not a boolean`,
+	} {
+		assert.Contains(t, out, "\n"+line, "")
+	}
+	assert.NotContains(t, out, ": NCCL_GO_STALL_WARN=")
+	assert.NotContains(t, out, ": NCCL_IB_HCA=")
+	assert.Equal(t, "ncclnet-go env: 9 setting(s) the plugin would ignore or read only in part: NCCL_GO_METRICS_PORT, NCCL_GO_SOCKET_IDLE_INLINE, NCCL_GO_SOCKET_SHARE_AFTER, NCCL_GO_TIMEOUT, NCCL_IB_DISABLE, NCCL_IB_QPS_PER_CONNECTION, NCCL_SOCKET_IFNAME, NCCL_SOCKET_INLINE, NCCL_SOCKET_RETRY_SLEEP_MSEC\n", errOut)
+
+	out, _, code = runCmd(t, "env", "--json")
+	assert.Equal(t, 1, code)
+	var r envReport
+	require.NoError(t, json.Unmarshal([]byte(out), &r), out)
+	for _, s := range r.Settings {
+		switch s.Name {
+		case "NCCL_GO_TIMEOUT":
+			assert.Equal(t, "invalid", s.Problem)
+			assert.Contains(t, s.Why, "the plugin uses the default 5m0s")
+		case "NCCL_GO_SOCKET_IDLE_INLINE":
+			assert.Equal(t, "read in part", s.Problem)
+		case "NCCL_GO_STALL_WARN", "NCCL_IB_HCA", "NCCL_GO_METRICS_BIND":
+			assert.Empty(t, s.Problem, s.Name)
+		}
+	}
+
+	testEnv(t, map[string]string{"NCCL_GO_TIMEOUT": "90s", "NCCL_GO_METRICS_PORT": "9400", "NCCL_SOCKET_IFNAME": "=eth0", "NCCL_IB_PCI_RELAXED_ORDERING": " 1 "})
+	out, errOut, code = runCmd(t, "env", "--set")
+	assert.Equal(t, 0, code, "%s%s", out, errOut)
+}

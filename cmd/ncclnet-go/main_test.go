@@ -86,6 +86,8 @@ func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 		{"selftest", "--transport", "rdma"},
 		{"selftest", "--size", "2G"},
 		{"selftest", "--iters", "0"},
+		{"selftest", "--timeout", "25h"},
+		{"selftest", "--timeout", "4s"},
 		{"top", "--interval", "1ms"},
 		{"top", "not-an-address"},
 		{"nosuchcommand"},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"os"
@@ -22,32 +23,38 @@ import (
 const helperName = "ncclnet-go-selftest"
 
 func runSelftest(c *cli, args []string) error {
-	fs := newFlags(c, "selftest", "[--transport ib|socket] [--size BYTES] [--iters N] [--plugin NAME|PATH] [--json]", `
+	fs := newFlags(c, "selftest", "[--transport ib|socket] [--size BYTES] [--iters N] [--lat-size BYTES] [--lat-iters N] [--timeout DURATION] [--plugin NAME|PATH] [--helper PATH] [--json] [-v]", `
 A node health check for a job prologue: two processes load the installed
 libnccl-net-go through its C ABI exactly as NCCL does (dlopen, then the
 ncclNetPlugin_vN table), connect, move --iters messages of --size bytes each
 way with every byte verified, then time a verified ping-pong. Prints GB/s per
 direction and the round-trip latency; exit status 0 means PASS, 1 FAIL.
 
---plugin takes what NCCL_NET_PLUGIN takes and is resolved the same way: a
-path, or a name NCCL turns into libnccl-net-<name>.so on the library search
-path (default "go": the installed libnccl-net-go.so). The processes see the
-environment NCCL would give the plugin (NCCL_CONF_FILE or ~/.nccl.conf and
-/etc/nccl.conf fill in unset variables), minus the metrics exposure
+The library is what NCCL_NET_PLUGIN names (from the environment, else
+NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf), else "go"; --plugin
+overrides it. It is resolved as NCCL resolves it: a path, or a name NCCL
+turns into libnccl-net-<name>.so on the library search path; a
+comma-separated list is tried in order and the first library that loads is
+tested. The processes see the environment NCCL would give the plugin (the
+configuration files fill in unset variables), minus the metrics exposure
 variables: a health check must not take a job's metrics ports.
+
+--timeout bounds the test: a process still working when it has run that
+long fails, naming the step it was in (one stuck inside a plugin call is
+killed 2 s later).
 
 SIGTERM or Ctrl-C stops the test at once: the processes are killed and
 reaped, the step each was in is printed, and the exit status is 143 (130
 for SIGINT).`)
 	transport := fs.String("transport", "", "force `ib` or socket (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
-	plugin := fs.String("plugin", "go", "library to load, as NCCL_NET_PLUGIN takes it: a `NAME` or a path")
+	plugin := fs.String("plugin", "", "library to load, as NCCL_NET_PLUGIN takes it: a `NAME` or a path (default: NCCL_NET_PLUGIN, else go)")
 	size := fs.String("size", "64M", "`BYTES` per message, suffix K, M or G (at most 1G, NCCL's largest message)")
 	iters := fs.Int("iters", 8, "`N` messages each way")
 	latSize := fs.String("lat-size", "8", "`BYTES` per ping-pong message")
 	latIters := fs.Int("lat-iters", 1000, "`N` ping-pong round trips")
-	timeout := fs.Duration("timeout", 120*time.Second, "fail when the whole test takes longer than this `DURATION`")
+	timeout := fs.Duration("timeout", 120*time.Second, "fail when the test takes longer than this `DURATION` (5s to 24h)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	verbose := fs.Bool("v", false, "print what the plugin logged even when the test passes")
+	verbose := fs.Bool("v", false, "print the library's source and what the plugin logged even when the test passes")
 	helper := fs.String("helper", "", "`PATH` of the "+helperName+" program (default: next to ncclnet-go, or in ../libexec/ncclnet-go)")
 	if err := fs.parse(args); err != nil {
 		return err
@@ -60,10 +67,12 @@ for SIGINT).`)
 	default:
 		return usagef("--transport %q: use ib or socket", *transport)
 	}
-	if _, err := parseSize(*size); err != nil {
+	sizeN, err := parseSize(*size)
+	if err != nil {
 		return usagef("--size %s: %v", *size, err)
 	}
-	if _, err := parseSize(*latSize); err != nil {
+	latSizeN, err := parseSize(*latSize)
+	if err != nil {
 		return usagef("--lat-size %s: %v", *latSize, err)
 	}
 	if *iters < 1 || *iters > 1000000 {
@@ -72,24 +81,42 @@ for SIGINT).`)
 	if *latIters < 1 || *latIters > 100000 {
 		return usagef("--lat-iters %d: use 1 to 100000", *latIters)
 	}
-	if *timeout < 5*time.Second {
-		return usagef("--timeout %v: use at least 5s", *timeout)
+	// The helper's own limits: what passes here, it accepts.
+	if *timeout < minSelftestTimeout || *timeout > maxSelftestTimeout {
+		return usagef("--timeout %v: use 5s to 24h", *timeout)
 	}
-	if *plugin == "" {
-		return usagef("--plugin needs a name or a path")
+	conf := loadConf()
+	lib, err := selftestPlugin(conf, fs, *plugin)
+	var fail failure
+	if errors.As(err, &fail) && *asJSON {
+		if jerr := printJSON(c.stdout, map[string]any{"pass": false, "result": "fail", "reason": fail.msg,
+			"plugin": lib.value, "plugin_source": lib.source()}); jerr != nil {
+			return jerr
+		}
 	}
-	if strings.Contains(*plugin, "/") {
-		if _, err := os.Stat(*plugin); err != nil {
-			return fmt.Errorf("--plugin %s: %v", *plugin, errors.Unwrap(err))
+	if err != nil {
+		return err
+	}
+	if entries := pluginEntries(lib.value); len(entries) == 1 && strings.Contains(entries[0], "/") {
+		if _, err := os.Stat(entries[0]); err != nil {
+			if lib.origin == "--plugin" {
+				return fmt.Errorf("--plugin %s: %v", entries[0], errors.Unwrap(err))
+			}
+			return fmt.Errorf("NCCL_NET_PLUGIN=%s (%s): %v", entries[0], lib.origin, errors.Unwrap(err))
 		}
 	}
 	h, err := findHelper(c.exe, *helper)
 	if err != nil {
 		return err
 	}
-	argv := []string{"run", "--plugin", *plugin, "--size", *size, "--iters", strconv.Itoa(*iters),
-		"--lat-size", *latSize, "--lat-iters", strconv.Itoa(*latIters), "--timeout", strconv.Itoa(int(timeout.Seconds()))}
-	env := loadConf().environment(os.Environ())
+	// Numbers go to the helper as plain decimal, never as the text given:
+	// it reads sizes with C's strtoull (base 0: "010" is octal) and knows
+	// no lower-case "m"/"g", so re-reading the text could test another
+	// size than the one checked here, or refuse one accepted here.
+	argv := []string{"run", "--plugin", lib.value, "--size", strconv.FormatInt(sizeN, 10), "--iters", strconv.Itoa(*iters),
+		"--lat-size", strconv.FormatInt(latSizeN, 10), "--lat-iters", strconv.Itoa(*latIters),
+		"--timeout", strconv.FormatFloat(timeout.Round(time.Millisecond).Seconds(), 'f', 3, 64)}
+	env := conf.environment(os.Environ())
 	env = withoutVars(env, "NCCL_GO_METRICS_PORT", "NCCL_GO_METRICS_TEXTFILE_DIR")
 	if *transport != "" {
 		env = append(withoutVars(env, "NCCL_GO_TRANSPORT"), "NCCL_GO_TRANSPORT="+*transport)
@@ -105,6 +132,10 @@ for SIGINT).`)
 	res := parseResult(stdout.String())
 	if sig != nil {
 		return selftestInterrupted(c, sig, time.Since(start), res, stderr.String(), *asJSON, *verbose)
+	}
+	var exit *exec.ExitError
+	if res == nil && !timedOut && errors.As(runErr, &exit) && exit.ExitCode() == 2 {
+		return selftestHelperUsage(c, h, stderr.String(), *asJSON)
 	}
 	if res == nil {
 		msg := "the helper printed no result"
@@ -133,11 +164,12 @@ for SIGINT).`)
 				out[k] = v
 			}
 		}
+		out["plugin"], out["plugin_source"] = lib.value, lib.source()
 		if err := printJSON(c.stdout, out); err != nil {
 			return err
 		}
 	} else {
-		printSelftest(c, res, pass)
+		printSelftest(c, res, pass, lib, *verbose)
 	}
 	if !pass || *verbose {
 		if s := strings.TrimSpace(stderr.String()); s != "" {
@@ -148,6 +180,88 @@ for SIGINT).`)
 		return failure{}
 	}
 	return nil
+}
+
+// The helper's limits for --timeout (its --timeout SEC takes 5 to 86400).
+const (
+	minSelftestTimeout = 5 * time.Second
+	maxSelftestTimeout = 24 * time.Hour
+)
+
+// pluginChoice is the library selftest loads and where that came from.
+type pluginChoice struct {
+	value string // as NCCL_NET_PLUGIN takes it: a name, a path, or a list of them
+	// origin is "--plugin", "default", or where NCCL_NET_PLUGIN was set:
+	// "env" or a configuration file's path.
+	origin string
+}
+
+// source says where the value came from, for people and for --json.
+func (p pluginChoice) source() string {
+	if p.origin == "--plugin" || p.origin == "default" {
+		return p.origin
+	}
+	return "NCCL_NET_PLUGIN (" + p.origin + ")"
+}
+
+func (p pluginChoice) String() string { return fmt.Sprintf("%q from %s", p.value, p.source()) }
+
+// selftestPlugin picks the library as a job's NCCL would: --plugin, else
+// NCCL_NET_PLUGIN from the environment or the configuration files, else
+// "go". (NCCL itself, with NCCL_NET_PLUGIN unset, loads libnccl-net.so,
+// which may be another vendor's plugin; the check is of libnccl-net-go.)
+func selftestPlugin(conf *ncclConf, fs *flags, flagValue string) (pluginChoice, error) {
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "plugin" })
+	if explicit {
+		if len(pluginEntries(flagValue)) == 0 {
+			return pluginChoice{}, usagef("--plugin %q: give a library name or path (NCCL loads no plugin with this value)", flagValue)
+		}
+		return pluginChoice{flagValue, "--plugin"}, nil
+	}
+	v, src, ok := conf.lookup("NCCL_NET_PLUGIN")
+	if !ok {
+		return pluginChoice{"go", "default"}, nil
+	}
+	p := pluginChoice{v, src}
+	if len(pluginEntries(v)) == 0 {
+		// A job with this setting would not load libnccl-net-go at all.
+		return p, failure{fmt.Sprintf("NCCL_NET_PLUGIN=%q (%s): NCCL loads no net plugin with this value, so jobs here would not use libnccl-net-go; set NCCL_NET_PLUGIN=go, or pass --plugin to test the library anyway", v, src)}
+	}
+	return p, nil
+}
+
+// pluginEntries is NCCL_NET_PLUGIN as NCCL splits it (src/plugin/net.cc):
+// "none" (any case) means no plugin, otherwise the value is a list of names
+// or paths separated by commas, empty entries dropped, nothing trimmed.
+func pluginEntries(v string) []string {
+	if strings.EqualFold(v, "none") {
+		return nil
+	}
+	var out []string
+	for _, e := range strings.Split(v, ",") {
+		if e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// selftestHelperUsage reports a helper that refused the arguments
+// ncclnet-go gave it: they were checked here, so the helper is most likely
+// from another version of the package.
+func selftestHelperUsage(c *cli, helper, stderr string, asJSON bool) error {
+	why := oneLine(stderr)
+	if why == "" {
+		why = "exit status 2, no message"
+	}
+	msg := fmt.Sprintf("%s refused its arguments: %s; it may belong to another version of ncclnet-go (install the package again, or pass --helper PATH)", helper, why)
+	if asJSON {
+		if err := printJSON(c.stdout, map[string]any{"pass": false, "result": "usage", "reason": msg}); err != nil {
+			return err
+		}
+	}
+	return usageError{msg}
 }
 
 // helperGrace is how long a helper told to stop may take to stop and reap
@@ -299,7 +413,7 @@ func selftestInterrupted(c *cli, sig os.Signal, elapsed time.Duration, res map[s
 	return interrupted{sig}
 }
 
-func printSelftest(c *cli, r map[string]string, pass bool) {
+func printSelftest(c *cli, r map[string]string, pass bool, lib pluginChoice, verbose bool) {
 	w := c.stdout
 	if !pass {
 		fmt.Fprintf(w, "ncclnet-go selftest: FAIL: %s\n", r["reason"])
@@ -315,9 +429,13 @@ func printSelftest(c *cli, r map[string]string, pass bool) {
 		if r["library"] != "" {
 			fmt.Fprintf(w, "  library   %s\n", r["library"])
 		}
+		fmt.Fprintf(w, "  plugin    %s\n", lib)
 		return
 	}
 	fmt.Fprintf(w, "ncclnet-go selftest: PASS\n")
+	if verbose {
+		fmt.Fprintf(w, "  plugin     %s\n", lib)
+	}
 	fmt.Fprintf(w, "  library    %s (NCCL net name %q, API %s)\n", r["library"], r["net"], r["api"])
 	fmt.Fprintf(w, "  transport  %s, device 0 = %s (%s Mbps)\n", r["transport"], r["device"], r["speed_mbps"])
 	size, _ := strconv.Atoi(r["bytes"])

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,10 +82,10 @@ func TestSelftestSlowRegistrationNamesItsStep(t *testing.T) {
 	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
 	start := time.Now()
 	out, errOut, code := runCmd(t, "selftest", "--plugin", testPlugin(t, "regmr-plugin"), "--helper", helper,
-		"--size", "64K", "--iters", "2", "--timeout", "5s")
+		"--size", "64K", "--iters", "2", "--timeout", "5500ms")
 	assert.Equal(t, 1, code, "%s%s", out, errOut)
 	assert.Less(t, time.Since(start), 30*time.Second, "the helper stops the ranks at --timeout")
-	assert.Contains(t, out, "ncclnet-go selftest: FAIL: not finished after 5 s (--timeout 5)\n")
+	assert.Regexp(t, `ncclnet-go selftest: FAIL: not finished within --timeout 5\.5 s \(stopped after \d+\.\d s\)\n`, out)
 	assert.Regexp(t, `\n  step      allocating and registering buffers \(2 x 131072 bytes\) \(process [01]\)\n`, out)
 }
 
@@ -165,4 +166,117 @@ func mustReal(t *testing.T, p string) string {
 	r, err = filepath.Abs(r)
 	require.NoError(t, err)
 	return r
+}
+
+// selftestJSON runs selftest --json and decodes what it printed.
+func selftestJSON(t *testing.T, args ...string) (map[string]any, string, int) {
+	t.Helper()
+	out, errOut, code := runCmd(t, append([]string{"selftest", "--json"}, args...)...)
+	var m map[string]any
+	if out != "" {
+		require.NoError(t, json.Unmarshal([]byte(out), &m), "%s", out)
+	}
+	return m, errOut, code
+}
+
+// The sizes the helper moves are the ones ncclnet-go read: lower-case
+// suffixes and leading zeros mean what they mean to --help (until
+// 2026-11-28 the helper re-read the text as C does: "1m" was refused, and
+// "010" was octal 8).
+func TestSelftestSizesMeanWhatTheCommandRead(t *testing.T) {
+	lib, helper := built(t)
+	testEnv(t, nil)
+	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
+	for _, c := range []struct {
+		size, latSize string
+		bytes, lat    float64
+	}{{"1m", "1k", 1 << 20, 1 << 10}, {"010", "08", 10, 8}} {
+		m, errOut, code := selftestJSON(t, "--plugin", lib, "--helper", helper, "--size", c.size, "--lat-size", c.latSize,
+			"--iters", "1", "--lat-iters", "10")
+		require.Equal(t, 0, code, "--size %s --lat-size %s: %v %s", c.size, c.latSize, m, errOut)
+		assert.Equal(t, c.bytes, m["bytes"], "--size %s", c.size)
+		assert.Equal(t, c.lat, m["lat_size"], "--lat-size %s", c.latSize)
+	}
+}
+
+// A helper that refuses its arguments is a usage problem (status 2), and
+// --json still prints a result for the script that reads it.
+func TestSelftestHelperRefusingItsArgumentsIsStatus2(t *testing.T) {
+	testEnv(t, nil)
+	fake := filepath.Join(t.TempDir(), helperName)
+	require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\necho 'ncclnet-go-selftest: unknown argument \"--frob\" (see --help)' >&2\nexit 2\n"), 0o755))
+	m, errOut, code := selftestJSON(t, "--helper", fake)
+	assert.Equal(t, 2, code, errOut)
+	assert.Equal(t, false, m["pass"])
+	assert.Equal(t, "usage", m["result"])
+	assert.Contains(t, m["reason"], `unknown argument "--frob"`)
+	assert.Contains(t, errOut, `unknown argument "--frob"`)
+	assert.Contains(t, errOut, "--helper")
+}
+
+// --timeout is the test's whole budget: a test that finishes within it
+// passes (until 2026-11-28 the requests' deadline was --timeout - 2 s, and a
+// fraction of a second was dropped: 6.5s allowed 4 s).
+func TestSelftestTimeoutIsTheWholeBudget(t *testing.T) {
+	lib, helper := built(t)
+	testEnv(t, nil)
+	t.Setenv("REGMR_PLUGIN_REAL", lib)
+	t.Setenv("REGMR_PLUGIN_SLEEP", "2") // 2 registrations per process: 4 s
+	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
+	out, errOut, code := runCmd(t, "selftest", "--plugin", testPlugin(t, "regmr-plugin"), "--helper", helper,
+		"--size", "64K", "--iters", "2", "--lat-iters", "10", "--timeout", "6500ms")
+	assert.Equal(t, 0, code, "%s%s", out, errOut)
+}
+
+// Without --plugin, selftest loads what the job's NCCL would: NCCL_NET_PLUGIN
+// from the environment, else from the configuration files, a list tried in
+// NCCL's order; and says where the choice came from (until 2026-11-28 it
+// always loaded "go").
+func TestSelftestLoadsWhatNCCLNetPluginNames(t *testing.T) {
+	lib, helper := built(t)
+	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
+	t.Setenv("LD_LIBRARY_PATH", t.TempDir()) // "go" alone would not load
+	small := []string{"--helper", helper, "--size", "64K", "--iters", "2", "--lat-iters", "10"}
+
+	testEnv(t, map[string]string{"NCCL_NET_PLUGIN": lib})
+	out, errOut, code := runCmd(t, append([]string{"selftest", "-v"}, small...)...)
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	assert.Contains(t, out, "  plugin     \""+lib+"\" from NCCL_NET_PLUGIN (env)\n")
+
+	etc, _ := testEnv(t, nil)
+	require.NoError(t, os.WriteFile(etc, []byte("NCCL_NET_PLUGIN="+lib+"\n"), 0o644))
+	m, errOut, code := selftestJSON(t, small...)
+	require.Equal(t, 0, code, "%v %s", m, errOut)
+	assert.Equal(t, lib, m["plugin"])
+	assert.Equal(t, "NCCL_NET_PLUGIN ("+etc+")", m["plugin_source"])
+
+	// NCCL tries the entries in order; the first that loads is used.
+	testEnv(t, map[string]string{"NCCL_NET_PLUGIN": "nosuch," + lib})
+	m, errOut, code = selftestJSON(t, small...)
+	require.Equal(t, 0, code, "%v %s", m, errOut)
+	assert.Equal(t, mustReal(t, lib), m["library"])
+
+	testEnv(t, map[string]string{"NCCL_NET_PLUGIN": "nosuch,/nonexistent/libnccl-net-x.so"})
+	out, _, code = runCmd(t, append([]string{"selftest"}, small...)...)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, out, `FAIL: no library of the list "nosuch,/nonexistent/libnccl-net-x.so" loads: [nosuch] cannot load the plugin: nosuch: `)
+	assert.Contains(t, out, `  plugin    "nosuch,/nonexistent/libnccl-net-x.so" from NCCL_NET_PLUGIN (env)`)
+
+	// --plugin wins.
+	testEnv(t, map[string]string{"NCCL_NET_PLUGIN": "nosuch"})
+	m, errOut, code = selftestJSON(t, append([]string{"--plugin", lib}, small...)...)
+	require.Equal(t, 0, code, "%v %s", m, errOut)
+	assert.Equal(t, "--plugin", m["plugin_source"])
+
+	testEnv(t, map[string]string{"NCCL_NET_PLUGIN": "/nonexistent/libnccl-net-go.so"})
+	_, errOut, code = runCmd(t, append([]string{"selftest"}, small...)...)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, "ncclnet-go selftest: NCCL_NET_PLUGIN=/nonexistent/libnccl-net-go.so (env): no such file or directory\n", errOut)
+
+	// "none" loads no plugin in NCCL: the job would not use this one.
+	testEnv(t, map[string]string{"NCCL_NET_PLUGIN": "None"})
+	m, errOut, code = selftestJSON(t, small...)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, false, m["pass"])
+	assert.Contains(t, errOut, `NCCL_NET_PLUGIN="None" (env): NCCL loads no net plugin with this value`)
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strconv"
@@ -23,8 +24,11 @@ import (
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 )
 
+// envMetricsPort is the metrics exporter's base port variable.
+const envMetricsPort = "NCCL_GO_METRICS_PORT"
+
 func runTop(c *cli, args []string) error {
-	fs := newFlags(c, "top", "[ADDR...] [--interval 2s] [--once]", `
+	fs := newFlags(c, "top", "[ADDR...] [--interval 2s] [--timeout 2s] [--once]", `
 Scrapes the /metrics endpoints of running ranks (NCCL_GO_METRICS_PORT) and
 shows, per rank and device: send and receive throughput, messages per
 second, requests in flight, open connections, mean completion latency,
@@ -59,8 +63,14 @@ with status 1 if no endpoint answered.`)
 		defer ncclenv.SetLookup(nil)
 		conf.warnProblems(c, "top")
 		base := 9400
-		if n, ok := metrics.BasePort(); ok && n > 0 && n <= 65535 {
-			base = n
+		if raw, src, ok := conf.lookup(envMetricsPort); ok && strings.TrimSpace(raw) != "" {
+			v, _ := ncclenv.Check(envMetricsPort, raw)
+			if v.Invalid {
+				// Scraping the default ports instead would look for ranks
+				// that, with this value, serve nothing.
+				return usagef("%s=%s (%s): %s with it: fix it, or give ADDR", envMetricsPort, raw, src, v.Why)
+			}
+			base, _ = strconv.Atoi(v.Used)
 		}
 		// The ranks listen where NCCL_GO_METRICS_BIND says; a wildcard
 		// answers on loopback too.
@@ -71,12 +81,20 @@ with status 1 if no endpoint answered.`)
 		pos = []string{net.JoinHostPort(host, fmt.Sprintf("%d-%d", base, min(base+7, 65535)))}
 	}
 	var targets []string
+	seen := map[string]bool{}
 	for _, a := range pos {
 		t, err := expandAddr(a)
 		if err != nil {
 			return usagef("%v", err)
 		}
-		targets = append(targets, t...)
+		// An endpoint named twice ("top 9400 9400-9407") would be listed
+		// twice and counted twice in the totals.
+		for _, u := range t {
+			if !seen[u] {
+				seen[u] = true
+				targets = append(targets, u)
+			}
+		}
 	}
 	s := &scraper{client: &http.Client{Timeout: *timeout}}
 	first := s.scrapeAll(targets)
@@ -124,7 +142,15 @@ func isTerminal(w io.Writer) bool {
 // expandAddr turns one ADDR argument into scrape URLs.
 func expandAddr(a string) ([]string, error) {
 	if strings.HasPrefix(a, "http://") || strings.HasPrefix(a, "https://") {
-		return []string{a}, nil
+		u, err := url.Parse(a)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("%q is not a URL", a)
+		}
+		// The plugin serves /metrics only; a bare http://host:port is 404.
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/metrics"
+		}
+		return []string{u.String()}, nil
 	}
 	host, ports := "127.0.0.1", a
 	if i := strings.LastIndexByte(a, ':'); i >= 0 {
@@ -425,11 +451,12 @@ func render(w io.Writer, rows []row, ntargets int, interval time.Duration, ansi 
 		width[i] = len(c)
 	}
 	for _, t := range table {
-		if len(t) < len(cols) {
-			continue // a down row spans the rest of the line
-		}
 		for i, c := range t {
-			width[i] = max(width[i], len(c))
+			// A down row's last cell (the reason) spans the rest of the
+			// line; its other cells line up with the columns.
+			if i < len(t)-1 || len(t) == len(cols) {
+				width[i] = max(width[i], len(c))
+			}
 		}
 	}
 	line := func(cells []string) {

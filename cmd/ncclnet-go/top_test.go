@@ -25,6 +25,10 @@ func TestExpandAddr(t *testing.T) {
 		"node1:9400-9402":        {"http://node1:9400/metrics", "http://node1:9401/metrics", "http://node1:9402/metrics"},
 		"[::1]:9400":             {"http://[::1]:9400/metrics"},
 		"http://x:1/custom/path": {"http://x:1/custom/path"},
+		// The plugin serves /metrics only (until 2026-11-28 a URL without
+		// a path was scraped as given, and answered 404).
+		"http://x:1":   {"http://x:1/metrics"},
+		"https://x:1/": {"https://x:1/metrics"},
 	} {
 		got, err := expandAddr(in)
 		require.NoError(t, err, in)
@@ -208,4 +212,62 @@ func TestTopDefaultPortFromNCCLConf(t *testing.T) {
 	assert.Equal(t, 1, code, out)
 	assert.Contains(t, errOut, "no metrics endpoint answered (127.0.0.1:1-8)")
 	assert.NotContains(t, out, host)
+}
+
+// An invalid NCCL_GO_METRICS_PORT is said to be invalid, not replaced by the
+// default ports (until 2026-11-28 top scraped 9400-9407 and asked whether
+// NCCL_GO_METRICS_PORT was set). With ADDR, the variable does not matter.
+func TestTopRefusesAnInvalidMetricsPort(t *testing.T) {
+	for _, v := range []string{"abc", "0", "-5", "70000"} {
+		testEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": v})
+		out, errOut, code := runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "200ms")
+		assert.Equal(t, 2, code, "NCCL_GO_METRICS_PORT=%s: %s%s", v, out, errOut)
+		assert.Empty(t, out, v)
+		assert.Regexp(t, `^ncclnet-go top: NCCL_GO_METRICS_PORT=`+regexp.QuoteMeta(v)+` \(env\): .*; the plugin serves no metrics endpoint with it: fix it, or give ADDR \(see ncclnet-go top --help\)\n$`, errOut)
+	}
+	testEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": "abc"})
+	_, errOut, code := runCmd(t, "top", "--once", "--interval", "100ms", "127.0.0.1:1")
+	assert.Equal(t, 1, code, errOut)
+	assert.Contains(t, errOut, "no metrics endpoint answered (127.0.0.1:1)")
+}
+
+// An endpoint named twice is scraped and counted once (until 2026-11-28
+// "top 19500 19500" listed it twice and doubled the totals).
+func TestTopScrapesEachEndpointOnce(t *testing.T) {
+	testEnv(t, nil)
+	var scrapes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, exposition("0", scrapes.Add(1)))
+	}))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+	_, port, _ := strings.Cut(host, ":")
+	out, errOut, code := runCmd(t, "top", "--once", "--interval", "200ms", host, host, "127.0.0.1:"+port, srv.URL)
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	assert.Contains(t, out, "1 of 1 endpoint(s) up")
+	assert.Equal(t, 1, strings.Count(out, "\n"+host+" "), out)
+	assert.Equal(t, int64(2), scrapes.Load(), "one scrape per round")
+}
+
+// Rows of endpoints that are down line up with the header, also when no
+// endpoint is up (until 2026-11-28 the header's columns were as wide as
+// their titles only).
+func TestTopDownRowsLineUpWithTheHeader(t *testing.T) {
+	testEnv(t, nil)
+	out, _, code := runCmd(t, "top", "--once", "--interval", "100ms", "127.0.0.1:1", "127.0.0.1:2")
+	assert.Equal(t, 1, code)
+	var hdr, row string
+	for _, l := range strings.Split(out, "\n") {
+		switch {
+		case strings.HasPrefix(l, "ENDPOINT "):
+			hdr = l
+		case strings.HasPrefix(l, "127.0.0.1:1 "):
+			row = l
+		}
+	}
+	require.NotEmpty(t, hdr, out)
+	require.NotEmpty(t, row, out)
+	assert.Equal(t, strings.Index(hdr, "RANK"), strings.Index(row, " -")+1, out)
+	assert.Equal(t, strings.Index(hdr, "TRANSPORT"), strings.LastIndex(row, " -")+1, out)
+	assert.Equal(t, strings.Index(hdr, "SEND GB/s"), strings.Index(row, "connection refused"), out)
 }

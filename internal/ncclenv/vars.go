@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -124,23 +125,44 @@ func (v *scalar[T]) GetFor(log Logger, prefix string) T {
 	if !ok {
 		return v.def
 	}
+	n, _ := v.read(s, log, prefix)
+	return n
+}
+
+// read is the one reading of a value: GetFor's, which WARNs, and Check's,
+// which reports (log nil).
+func (v *scalar[T]) read(s string, log Logger, prefix string) (T, Verdict) {
 	n, err := v.parse(s)
+	var vd Verdict
 	switch {
 	case ReadInPart(err):
 		warn(log, prefix, "reading %s=%s as %s: %v", v.s.Name, s, v.show(n), err)
+		vd = Verdict{Used: v.show(n), InPart: true, Why: fmt.Sprintf("%v; the plugin uses %s", err, v.show(n))}
 	case err != nil:
 		warn(log, prefix, "ignoring %s=%s: %v; using the default %s", v.s.Name, s, err, v.show(v.def))
-		return v.def
+		return v.def, Verdict{Used: v.show(v.def), Invalid: true, Why: fmt.Sprintf("%v; the plugin uses the default %s", err, v.show(v.def))}
+	default:
+		vd = Verdict{Used: v.show(n)}
 	}
 	if v.ranged && (n < v.lo || n > v.hi) {
-		use := v.def
+		use, what := v.def, "the default "
 		if v.clamps {
-			use = min(max(n, v.lo), v.hi)
+			use, what = min(max(n, v.lo), v.hi), ""
 		}
 		warn(log, prefix, "ignoring %s=%s: must be in [%s, %s]; using %s", v.s.Name, s, v.show(v.lo), v.show(v.hi), v.show(use))
-		return use
+		why := fmt.Sprintf("%s must be in [%s, %s]; the plugin uses %s%s", v.show(n), v.show(v.lo), v.show(v.hi), what, v.show(use))
+		if vd.InPart {
+			why = strings.TrimSuffix(vd.Why, "; the plugin uses "+v.show(n)) + "; " + why
+		}
+		return use, Verdict{Used: v.show(use), InPart: vd.InPart, Invalid: true, Why: why}
 	}
-	return n
+	return n, vd
+}
+
+// check is the setting's registered Check.
+func (v *scalar[T]) check(s string) Verdict {
+	_, vd := v.read(s, nil, "")
+	return vd
 }
 
 // IntVar is an integer setting read as NCCL reads integers (ParseInt).
@@ -149,7 +171,9 @@ type IntVar struct{ scalar[int64] }
 // Int declares an integer setting.
 func (g *Group) Int(name string, def int64, doc string) *IntVar {
 	show := func(n int64) string { return strconv.FormatInt(n, 10) }
-	return &IntVar{scalar[int64]{base: g.declare(name, KindInt, show(def), doc), def: def, parse: ParseInt, show: show}}
+	v := &IntVar{scalar[int64]{base: g.declare(name, KindInt, show(def), doc), def: def, parse: ParseInt, show: show}}
+	setCheck(name, v.check)
+	return v
 }
 
 // In makes values outside [lo, hi] a WARN and the default.
@@ -168,7 +192,9 @@ type Uint64Var struct{ scalar[uint64] }
 // Uint64 declares an unsigned setting, shown in hex.
 func (g *Group) Uint64(name string, def uint64, doc string) *Uint64Var {
 	show := func(n uint64) string { return fmt.Sprintf("%#x", n) }
-	return &Uint64Var{scalar[uint64]{base: g.declare(name, KindUint64, show(def), doc), def: def, parse: ParseUint64, show: show}}
+	v := &Uint64Var{scalar[uint64]{base: g.declare(name, KindUint64, show(def), doc), def: def, parse: ParseUint64, show: show}}
+	setCheck(name, v.check)
+	return v
 }
 
 // BoolVar is a switch (ParseBool).
@@ -187,7 +213,9 @@ func (g *Group) Bool(name string, def bool, doc string) *BoolVar {
 		}
 		return 0, err
 	}
-	return &BoolVar{scalar[int]{base: g.declare(name, KindBool, strconv.Itoa(d), doc), def: d, parse: parse, show: strconv.Itoa}}
+	v := &BoolVar{scalar[int]{base: g.declare(name, KindBool, strconv.Itoa(d), doc), def: d, parse: parse, show: strconv.Itoa}}
+	setCheck(name, v.check)
+	return v
 }
 
 // Default is the declared default.
@@ -206,7 +234,9 @@ type DurationVar struct{ scalar[time.Duration] }
 // Duration declares a duration whose bare numbers are in unit.
 func (g *Group) Duration(name string, def, unit time.Duration, doc string) *DurationVar {
 	parse := func(s string) (time.Duration, error) { return ParseDuration(s, unit) }
-	return &DurationVar{scalar[time.Duration]{base: g.declare(name, KindDuration, def.String(), doc), def: def, parse: parse, show: time.Duration.String}}
+	v := &DurationVar{scalar[time.Duration]{base: g.declare(name, KindDuration, def.String(), doc), def: def, parse: parse, show: time.Duration.String}}
+	setCheck(name, v.check)
+	return v
 }
 
 // In makes values outside [lo, hi] a WARN and the default.
@@ -223,7 +253,9 @@ type FamilyVar struct{ scalar[Family] }
 
 // Family declares an address family setting.
 func (g *Group) Family(name string, def Family, doc string) *FamilyVar {
-	return &FamilyVar{scalar[Family]{base: g.declare(name, KindFamily, def.String(), doc), def: def, parse: ParseFamily, show: Family.String}}
+	v := &FamilyVar{scalar[Family]{base: g.declare(name, KindFamily, def.String(), doc), def: def, parse: ParseFamily, show: Family.String}}
+	setCheck(name, v.check)
+	return v
 }
 
 // ListVar is an NCCL interface or HCA list (ParseList).
@@ -236,6 +268,7 @@ type ListVar struct {
 func (g *Group) List(name string, max int, doc string) *ListVar {
 	v := &ListVar{base: g.declare(name, KindList, "", doc), max: max}
 	v.setRange(fmt.Sprintf("at most %d entries", max))
+	setCheck(name, v.Check)
 	return v
 }
 
@@ -250,6 +283,15 @@ func (v *ListVar) GetFor(log Logger, prefix string) (l List, set bool) {
 		return List{}, false
 	}
 	return v.Parse(log, prefix, s), true
+}
+
+// Check is the list's registered check: entries skipped or read differently
+// make it InPart (the rest of the list is used).
+func (v *ListVar) Check(s string) Verdict {
+	if _, notes := ParseList(s, v.max); len(notes) > 0 {
+		return Verdict{Used: s, InPart: true, Why: strings.Join(notes, "; ")}
+	}
+	return Verdict{Used: s}
 }
 
 // Parse parses s as this variable's value (for callers that already hold it),

@@ -35,6 +35,18 @@ var (
 		"connect back-off unit: retry n sleeps n times this").Clamp(0, time.Minute)
 )
 
+func init() {
+	// Find ignores a one-character value, as NCCL does; the list's own check
+	// would take it for a prefix.
+	ncclenv.SetCheck(IfName.Name(), func(raw string) ncclenv.Verdict {
+		if len(raw) == 1 {
+			return ncclenv.Verdict{Used: "NCCL's default search", Invalid: true,
+				Why: "NCCL ignores a value of one character; the plugin uses NCCL's default interface search"}
+		}
+		return IfName.Check(raw)
+	})
+}
+
 // ReadMagic returns NCCL_SOCKET_MAGIC: an unsigned 64-bit number, decimal, 0x
 // hex or 0-prefixed octal as NCCL's strtoull reads it; anything else is a WARN
 // and the default.

@@ -8,7 +8,7 @@
  * process), which is why this part is C. It reuses the conformance harness's
  * loader, process pair and connection set-up (the .c files in harness/).
  *
- *   ncclnet-go-selftest run  --plugin NAME|PATH [--version V] [--size BYTES] [--iters N]
+ *   ncclnet-go-selftest run  --plugin NAME|PATH[,...] [--version V] [--size BYTES] [--iters N]
  *                            [--lat-size BYTES] [--lat-iters N] [--timeout SEC]
  *   ncclnet-go-selftest load --plugin NAME|PATH --duration SEC [--size BYTES] [--pause SEC]
  *                            [--idle] [--stall SEC] [--inject-error] [--timeout SEC]
@@ -18,6 +18,12 @@
  * rounds of 8 verified messages, --pause SEC apart; --stall holds one receive
  * posted SEC seconds before its send comes, and --inject-error has the plugin
  * refuse one malformed irecv.
+ *
+ * --plugin takes what NCCL_NET_PLUGIN takes: a comma-separated list is tried
+ * in order, as NCCL tries it, and the first library that loads and exports an
+ * ncclNetPlugin_vN table is tested. --timeout SEC (fractions allowed) is each
+ * process's budget from its start: a wait still pending then fails; a process
+ * stuck inside a plugin call is killed WATCHDOG_GRACE seconds later.
  *
  * Output (stdout, one line): "result=pass key=value ..." or
  * "result=fail rank=R where=STEP reason=TEXT" (reason runs to the end of the
@@ -42,6 +48,10 @@
 
 #define WINDOW 8
 #define MAX_LAT_ITERS 100000
+/* A process's own deadline is --timeout; the parent's watchdog waits this
+ * much longer, so that a process that hit its deadline in a wait reports
+ * the wait itself rather than being killed while it does. */
+#define WATCHDOG_GRACE 2.0
 
 typedef struct {
   const char* plugin; /* as given: a name or a path, resolved like NCCL */
@@ -97,6 +107,36 @@ static const char* resolve_plugin(const char* name, char* buf, size_t len, char*
     return NULL;
   }
   snprintf(why, whylen, "cannot load the plugin: %s", first);
+  return NULL;
+}
+
+/* NCCL_NET_PLUGIN's list, tried in NCCL's order (src/plugin/net.cc: strtok_r
+ * on ",", empty entries dropped; a library that loads without an
+ * ncclNetPlugin_vN table is skipped too). Returns the entry that loaded,
+ * resolved, or NULL with every entry's reason in why. A single entry keeps
+ * resolve_plugin's reason as it is. */
+static const char* resolve_plugin_list(const char* list, char* buf, size_t len, char* why, size_t whylen) {
+  if (strchr(list, ',') == NULL) return resolve_plugin(list, buf, len, why, whylen);
+  char copy[1024], *save = NULL;
+  snprintf(copy, sizeof copy, "%s", list);
+  size_t used = (size_t)snprintf(why, whylen, "no library of the list \"%s\" loads:", list);
+  for (char* e = strtok_r(copy, ",", &save); e != NULL; e = strtok_r(NULL, ",", &save)) {
+    char one[400];
+    if (resolve_plugin(e, buf, len, one, sizeof one) != NULL) {
+      void* dl = dlopen(buf, RTLD_NOW | RTLD_LOCAL);
+      bool table = false;
+      for (int v = HARNESS_MAX_VERSION; dl != NULL && v >= HARNESS_MIN_VERSION && !table; v--) {
+        char sym[32];
+        snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", v);
+        table = dlsym(dl, sym) != NULL;
+      }
+      if (table) return buf; /* left open: the test loads it again by path */
+      if (dl != NULL) dlclose(dl);
+      snprintf(one, sizeof one, "%s exports no ncclNetPlugin_v%d..v%d table", buf, HARNESS_MIN_VERSION,
+               HARNESS_MAX_VERSION);
+    }
+    if (used < whylen) used += (size_t)snprintf(why + used, whylen - used, " [%s] %s;", e, one);
+  }
   return NULL;
 }
 
@@ -347,7 +387,7 @@ static int st_rank(rank_t* r, void* arg) {
   r->check = 0;
   atomic_store(&s->cur_start_ns[r->rank], now_ns());
   atomic_store(&s->cur[r->rank], 0);
-  r->deadline_ns = now_ns() + (uint64_t)((r->timeout - 2) * 1e9);
+  r->deadline_ns = now_ns() + (uint64_t)(o->timeout * 1e9);
   set_where(r, "loading %s", o->plugin);
   if (resolve_plugin(o->plugin, name, sizeof name, why, sizeof why) == NULL) goto done;
   if (rank_open(r, &n, name, a->version, &p, why, sizeof why) != 0) goto done;
@@ -445,7 +485,7 @@ done:
 static void usage(FILE* f) {
   fprintf(f,
           "usage:\n"
-          "  ncclnet-go-selftest run  --plugin NAME|PATH [--version V] [--size BYTES] [--iters N]\n"
+          "  ncclnet-go-selftest run  --plugin NAME|PATH[,...] [--version V] [--size BYTES] [--iters N]\n"
           "                           [--lat-size BYTES] [--lat-iters N] [--timeout SEC]\n"
           "  ncclnet-go-selftest load --plugin NAME|PATH --duration SEC [--size BYTES] [--pause SEC]\n"
           "                           [--idle] [--stall SEC] [--inject-error] [--timeout SEC]\n"
@@ -539,7 +579,7 @@ int main(int argc, char** argv) {
   pid_t pid = fork();
   if (pid == 0) {
     char why[WHY_LEN];
-    if (resolve_plugin(o.plugin, resolved, sizeof resolved, why, sizeof why) == NULL)
+    if (resolve_plugin_list(o.plugin, resolved, sizeof resolved, why, sizeof why) == NULL)
       snprintf(s->text[0], sizeof s->text[0], "!%s", why);
     else
       snprintf(s->text[0], sizeof s->text[0], "%s", resolved);
@@ -555,6 +595,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   snprintf(resolved, sizeof resolved, "%s", s->text[0]);
+  /* The ranks load the entry of the list the probe settled on. */
+  o.plugin = resolved;
   opts_t ho = {.plugin = resolved, .version = o.version};
   int v = pick_version(&ho, s, err, sizeof err);
   if (v < 0) {
@@ -568,7 +610,7 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
-  if (run_pair(s, st_rank, &a, o.timeout, o.timeout + 30, &out) != 0) {
+  if (run_pair(s, st_rank, &a, o.timeout + WATCHDOG_GRACE, o.timeout + 30, &out) != 0) {
     printf("result=fail rank=- where=start reason=cannot start the two processes\n");
     return 1;
   }
@@ -584,8 +626,8 @@ int main(int argc, char** argv) {
     return 128 + stop;
   }
   if (out.hung) {
-    printf("result=fail rank=%d where=%s reason=not finished after %.0f s (--timeout %.0f)\n", out.hung_rank,
-           out.hung_where, out.hung_after, o.timeout);
+    printf("result=fail rank=%d where=%s reason=not finished within --timeout %g s (stopped after %.1f s)\n",
+           out.hung_rank, out.hung_where, o.timeout, out.hung_after);
     return 1;
   }
   for (int i = 0; i < 2; i++) {

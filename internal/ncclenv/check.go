@@ -1,0 +1,56 @@
+package ncclenv
+
+import "strings"
+
+// Verdict is what a setting's reader makes of a value: the value it uses and,
+// when that is not the value as written, why. ncclnet-go env shows it, so an
+// operator sees before the job what the plugin would WARN about at init.
+type Verdict struct {
+	Used    string // the value the reader uses, shown as the registry shows values
+	InPart  bool   // only the number at the start is used; text after it is ignored
+	Invalid bool   // the value is refused: Used is the default, a bound, or "none"
+	// Why says what is wrong and what the reader uses instead, without the
+	// variable's name ("" when the value is used as written).
+	Why string
+}
+
+// OK reports whether the value is used as written.
+func (v Verdict) OK() bool { return !v.InPart && !v.Invalid }
+
+var checks struct {
+	m map[string]func(string) Verdict
+}
+
+// setCheck registers name's reader as its check; declarations run at package
+// initialisation, before anything can call Check.
+func setCheck(name string, f func(string) Verdict) {
+	registry.Lock()
+	defer registry.Unlock()
+	if checks.m == nil {
+		checks.m = map[string]func(string) Verdict{}
+	}
+	checks.m[name] = f
+}
+
+// SetCheck replaces name's check, for a setting its package reads by a rule of
+// its own rather than through the declared variable's Get (the metrics port,
+// NCCL_SOCKET_IFNAME's one-character rule). Call it from the package's
+// initialisation, next to the declaration.
+func SetCheck(name string, f func(raw string) Verdict) { setCheck(name, f) }
+
+// Check reads raw as the plugin reads the setting name, without logging.
+// ok is false when name has no check (string settings, names nobody
+// declared). An empty value is unset: the default, used as written.
+func Check(name, raw string) (v Verdict, ok bool) {
+	registry.Lock()
+	f := checks.m[name]
+	registry.Unlock()
+	if f == nil {
+		return Verdict{}, false
+	}
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return Verdict{}, true
+	}
+	return f(raw), true
+}
