@@ -1,7 +1,9 @@
 package shm
 
 import (
+	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
@@ -40,6 +42,18 @@ const (
 	// NCCL weighs devices by speed, so it should not promise a 400G NIC.
 	defaultSpeed = 100000
 )
+
+func init() {
+	// ringSizeSetting's rule, for `ncclnet-go env`.
+	ncclenv.SetCheck(envRing, func(raw string) ncclenv.Verdict {
+		v := settingRing.Check(raw)
+		if n, err := strconv.ParseInt(v.Used, 10, 64); err == nil && !v.Invalid && n&(n-1) != 0 {
+			return ncclenv.Verdict{Used: strconv.Itoa(defaultRing), InPart: v.InPart, Invalid: true,
+				Why: fmt.Sprintf("%d is not a power of two from %d to %d; the plugin uses the default %d", n, minRing, maxRing, defaultRing)}
+		}
+		return v
+	})
+}
 
 // ringSizeSetting is NCCL_GO_SHM_RING_SIZE: a power of two in [minRing,
 // maxRing], else a WARN and the default.

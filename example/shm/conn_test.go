@@ -7,9 +7,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -461,6 +463,12 @@ func TestInitPropertiesAndSettings(t *testing.T) {
 	t.Setenv(envRing, "12345")
 	assert.EqualValues(t, defaultRing, ringSizeSetting(&nccl.WriterLogger{W: &log, Prefix: "t"}))
 	assert.Contains(t, log.String(), "NCCL_GO_SHM_RING_SIZE")
+	// ncclnet-go env's check says the same before the job.
+	v, ok := ncclenv.Check(envRing, "12345")
+	assert.True(t, ok && v.Invalid, "%+v", v)
+	assert.Equal(t, strconv.Itoa(defaultRing), v.Used)
+	v, _ = ncclenv.Check(envRing, strconv.Itoa(2*minRing))
+	assert.True(t, v.OK(), "%+v", v)
 
 	shmDir(t)
 	t.Setenv(envDir, "/dev/shm/"+strings.Repeat("d", 60))

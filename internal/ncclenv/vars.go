@@ -159,8 +159,10 @@ func (v *scalar[T]) read(s string, log Logger, prefix string) (T, Verdict) {
 	return n, vd
 }
 
-// check is the setting's registered Check.
-func (v *scalar[T]) check(s string) Verdict {
+// Check is the setting's registered check: what its reader makes of s. A
+// package whose rule goes beyond the declaration builds its own on it
+// (SetCheck).
+func (v *scalar[T]) Check(s string) Verdict {
 	_, vd := v.read(s, nil, "")
 	return vd
 }
@@ -172,7 +174,7 @@ type IntVar struct{ scalar[int64] }
 func (g *Group) Int(name string, def int64, doc string) *IntVar {
 	show := func(n int64) string { return strconv.FormatInt(n, 10) }
 	v := &IntVar{scalar[int64]{base: g.declare(name, KindInt, show(def), doc), def: def, parse: ParseInt, show: show}}
-	setCheck(name, v.check)
+	setCheck(name, v.Check)
 	return v
 }
 
@@ -193,7 +195,7 @@ type Uint64Var struct{ scalar[uint64] }
 func (g *Group) Uint64(name string, def uint64, doc string) *Uint64Var {
 	show := func(n uint64) string { return fmt.Sprintf("%#x", n) }
 	v := &Uint64Var{scalar[uint64]{base: g.declare(name, KindUint64, show(def), doc), def: def, parse: ParseUint64, show: show}}
-	setCheck(name, v.check)
+	setCheck(name, v.Check)
 	return v
 }
 
@@ -214,7 +216,7 @@ func (g *Group) Bool(name string, def bool, doc string) *BoolVar {
 		return 0, err
 	}
 	v := &BoolVar{scalar[int]{base: g.declare(name, KindBool, strconv.Itoa(d), doc), def: d, parse: parse, show: strconv.Itoa}}
-	setCheck(name, v.check)
+	setCheck(name, v.Check)
 	return v
 }
 
@@ -235,7 +237,7 @@ type DurationVar struct{ scalar[time.Duration] }
 func (g *Group) Duration(name string, def, unit time.Duration, doc string) *DurationVar {
 	parse := func(s string) (time.Duration, error) { return ParseDuration(s, unit) }
 	v := &DurationVar{scalar[time.Duration]{base: g.declare(name, KindDuration, def.String(), doc), def: def, parse: parse, show: time.Duration.String}}
-	setCheck(name, v.check)
+	setCheck(name, v.Check)
 	return v
 }
 
@@ -254,7 +256,7 @@ type FamilyVar struct{ scalar[Family] }
 // Family declares an address family setting.
 func (g *Group) Family(name string, def Family, doc string) *FamilyVar {
 	v := &FamilyVar{scalar[Family]{base: g.declare(name, KindFamily, def.String(), doc), def: def, parse: ParseFamily, show: Family.String}}
-	setCheck(name, v.check)
+	setCheck(name, v.Check)
 	return v
 }
 
