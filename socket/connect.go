@@ -148,6 +148,21 @@ func (op *connectOp) step() {
 	done := 0
 	for i := range op.socks {
 		s := &op.socks[i]
+		if s.state == dialHello && s.sent == 0 && closedByListener(s.fd) {
+			// The kernel finished this connect at an earlier call, but NCCL
+			// did not call again before the listener's hello wait
+			// (NCCL_GO_SOCKET_HELLO_TIMEOUT) ran out: a slow caller, not a
+			// dead peer. Dial the stream again within the connect's own
+			// bound; a hello written now would go into a closed connection
+			// and the comm would fail at its first send.
+			forkguard.Close(s.fd)
+			s.fd, s.state, s.retryAt = -1, dialWait, t
+			op.dial(i, t)
+			if op.done {
+				return
+			}
+			continue
+		}
 		if s.state == dialHello {
 			n, err := sendSlice(s.fd, s.hello[s.sent:])
 			if err != nil {
@@ -194,6 +209,15 @@ func (op *connectOp) step() {
 		op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: not connected within %s=%v (%s)", op.addr,
 			envTimeout, bound, why))
 	}
+}
+
+// closedByListener reports whether the peer already closed (or reset) the
+// connected stream fd: the listener speaks only after the hello, so anything
+// readable before it is the end of the connection.
+func closedByListener(fd int) bool {
+	var b [1]byte
+	n, _, err := unix.Recvfrom(fd, b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+	return (err == nil && n == 0) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE)
 }
 
 // dial starts a connect attempt of stream i.
