@@ -25,6 +25,9 @@ type commEntry struct {
 	recv     nccl.RecvComm
 	m        *metrics.Device
 	peer     string
+	// ctx is the v11+ context a listen comm was made under (0: none). Its
+	// finalize closes the listen comms NCCL left open (see finalizeListens).
+	ctx uintptr
 
 	// Copied at connect/accept so that the data path reads nothing init may
 	// be writing on another thread: the settings of the first init, NCCL's
@@ -147,6 +150,16 @@ func (e *commEntry) deviceName() string { return e.m.Name }
 func (e *commEntry) String() string { return fmt.Sprintf("%s comm slot %d", e.dir(), e.slot) }
 
 func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
+	return netListenCtx(0, dev, handle)
+}
+
+// netListenCtx is listen; ctx is the v11+ context NCCL passed (0 before v11).
+func netListenCtx(ctx uintptr, dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
+	if ctx != 0 {
+		if _, _, err := lookupCtx(ctx); err != nil {
+			return 0, fail("listen", err)
+		}
+	}
 	t, err := acquire()
 	if err != nil {
 		return 0, fail("listen", err)
@@ -159,7 +172,7 @@ func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
 	if err != nil {
 		return 0, fail("listen", err)
 	}
-	e := &commEntry{tag: tagListen, dev: dev, listener: l}
+	e := &commEntry{tag: tagListen, dev: dev, listener: l, ctx: ctx}
 	h, err := e.register()
 	if err != nil {
 		_ = l.Close()

@@ -110,13 +110,13 @@ func goNetMakeVDevice(maxDevs C.int, d *C.int, ndevs C.int, devs *C.int) (res C.
 }
 
 //export goNetListen
-func goNetListen(dev C.int, handle unsafe.Pointer, listenComm *C.uintptr_t) (res C.ncclResult_t) {
+func goNetListen(ctx C.uintptr_t, dev C.int, handle unsafe.Pointer, listenComm *C.uintptr_t) (res C.ncclResult_t) {
 	defer guard("listen", &res)
 	if handle == nil || listenComm == nil {
 		return nullArg("listen", "handle or listenComm")
 	}
 	*listenComm = 0
-	h, r := netListen(int(dev), (*nccl.Handle)(handle))
+	h, r := netListenCtx(uintptr(ctx), int(dev), (*nccl.Handle)(handle))
 	*listenComm = C.uintptr_t(h)
 	return cres(r)
 }

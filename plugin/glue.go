@@ -246,11 +246,33 @@ func netFinalize(h uintptr) nccl.Result {
 	if ctxs.Remove(r) == nil {
 		return fail("finalize", nccl.Errorf(nccl.InvalidArgument, "context %#x finalized twice", h))
 	}
+	finalizeListens(h)
 	if state.ctxRefs.Add(-1) > 0 {
 		return nccl.Success
 	}
 	finalizeIfIdle()
 	return nccl.Success
+}
+
+// finalizeListens closes the listen comms made under context h. NCCL closes
+// a listen comm only after its accept succeeded: one whose connection set-up
+// was aborted (ncclCommAbort, a peer that never connected) is never closed,
+// and NCCL finalizes the communicator's context after freeing everything it
+// will free. Left open, each would hold its socket (and, for ib, its
+// handshake listener) for as long as another communicator keeps the
+// transport up.
+func finalizeListens(h uintptr) {
+	n := 0
+	comms.Range(func(r slots.Ref, e *commEntry) bool {
+		if e.tag == tagListen && e.ctx == h {
+			closeEntry(e, commHandle(e.tag, r.Gen, r.Slot), "finalize")
+			n++
+		}
+		return true
+	})
+	if n > 0 {
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : finalize closed %d listen comm(s) of its communicator that NCCL never accepted on (an aborted connection set-up)", n)
+	}
 }
 
 func finalizeIfIdle() {

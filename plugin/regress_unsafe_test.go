@@ -434,3 +434,35 @@ func TestCommLeftOpenDoesNotCarryFusedNICsIntoTheNextLoad(t *testing.T) {
 	assert.Zero(t, comms.Len(), "the previous load's listen comm must be closed")
 	assert.NotEqual(t, nccl.Success, netClose(lh, tagListen), "its handle is stale now")
 }
+
+// NCCL closes a listen comm only after an accept on it succeeded; one whose
+// connection set-up was aborted is left open when its communicator is
+// finalized. That finalize closes it, even while another communicator keeps
+// the transport up, and leaves the other communicator's listen comms alone.
+func TestFinalizeClosesItsCommunicatorsListenComms(t *testing.T) {
+	f := &fakeTransport{name: "listens", devs: 1}
+	_, a := initHook(t, &hookTransport{fakeTransport: f}, 12)
+	b, res := netInit(12, true, -1)
+	require.Equal(t, nccl.Success, res)
+	var h1, h2, h3 nccl.Handle
+	la, res := netListenCtx(a, 0, &h1)
+	require.Equal(t, nccl.Success, res)
+	_, res = netListenCtx(b, 0, &h2)
+	require.Equal(t, nccl.Success, res)
+	lb2, res := netListenCtx(b, 0, &h3)
+	require.Equal(t, nccl.Success, res)
+	require.Equal(t, nccl.Success, netClose(lb2, tagListen)) // closed by NCCL itself: fine
+	require.Equal(t, 2, comms.Len())
+
+	require.Equal(t, nccl.Success, netFinalize(a))
+	assert.Equal(t, 1, comms.Len(), "a's listen comm must be closed, b's kept")
+	assert.NotEqual(t, nccl.Success, netClose(la, tagListen), "a's listen handle is stale after its finalize")
+	assert.Equal(t, 0, f.finals, "b keeps the transport up")
+
+	require.Equal(t, nccl.Success, netFinalize(b))
+	assert.Zero(t, comms.Len())
+	assert.Equal(t, 1, f.finals, "with every listen comm closed, the last finalize ends the transport")
+
+	_, res = netListenCtx(a, 0, &h1)
+	assert.NotEqual(t, nccl.Success, res, "listen under a finalized context is refused")
+}

@@ -61,7 +61,7 @@ void ncclGoProfStop(ncclProfilerCallback_t fn, uintptr_t event) {
 
 static ncclResult_t s_devices(int* ndev) { return goNetDevices(ndev); }
 static ncclResult_t s_listen(int dev, void* handle, void** listenComm) {
-  return goNetListen(dev, handle, (uintptr_t*)listenComm);
+  return goNetListen(0, dev, handle, (uintptr_t*)listenComm);
 }
 static ncclResult_t s_accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t** recvDevComm) {
   (void)recvDevComm; /* host plugin: no device offload, leave NCCL's pointer alone */
@@ -164,8 +164,8 @@ static ncclResult_t v12_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_
 static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) { return goNetGetProperties(11, dev, props); }
 static ncclResult_t v12_getProperties(int dev, ncclNetProperties_v12_t* props) { return goNetGetProperties(12, dev, props); }
 static ncclResult_t v11_listen(void* ctx, int dev, void* handle, void** listenComm) {
-  (void)ctx;
-  return goNetListen(dev, handle, (uintptr_t*)listenComm);
+  /* The context lets its finalize close the listen comms NCCL never closes. */
+  return goNetListen((uintptr_t)ctx, dev, handle, (uintptr_t*)listenComm);
 }
 static ncclResult_t v11_connect(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v11_t** sendDevComm) {
   (void)sendDevComm;
