@@ -18,8 +18,9 @@ import (
 // NCCL's own thread: every stream's socket connects without blocking, its
 // completion is polled with a zero timeout, its hello is written into the
 // empty socket buffer. No goroutine runs, so there is nothing to stop on
-// Finalize or abort, and a connect that is no longer polled just holds its
-// descriptors until Finalize closes them.
+// Finalize or abort; a connect that is no longer polled holds its
+// descriptors until the next connect or listen after its deadline
+// (sweepPending), or Finalize, closes them.
 //
 // Refused, unreachable and timed-out attempts are retried as NCCL does
 // (NCCL_SOCKET_RETRY_CNT times, NCCL_SOCKET_RETRY_SLEEP_MSEC × attempt
@@ -290,6 +291,20 @@ func (op *connectOp) finish(err error) {
 		}
 	}
 	op.err, op.done = err, true
+}
+
+// expire ends a connect NCCL has not called since its deadline (sweepPending),
+// closing its sockets. A connect NCCL still polls has ended at that deadline
+// already.
+func (op *connectOp) expire() {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.done {
+		return
+	}
+	bound := timeout.Bound(op.opts.timeout)
+	op.log.Infof(nccl.SubsysNet, "NET/GoSocket : connect to %s: not called again within %s=%v (an aborted connection set-up); closing its sockets", op.addr, envTimeout, bound)
+	op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: abandoned: not called again within %s=%v", op.addr, envTimeout, bound))
 }
 
 // abort ends the connect for Finalize: sockets are closed, and a comm that

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"net"
 	"strings"
 	"sync"
@@ -132,6 +133,7 @@ func (t *Transport) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.sweepPending(clock.Now())
 	return t.listen(d, h)
 }
 
@@ -161,6 +163,7 @@ func (t *Transport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (ncc
 		if _, err := rand.Read(idb[:]); err != nil {
 			return nil, nccl.Errorf(nccl.SystemError, "reading random bytes: %w", err)
 		}
+		t.sweepPending(clock.Now())
 		op = newConnectOp(binary.LittleEndian.Uint64(idb[:])|1, hi, d, t.log)
 		t.mu.Lock()
 		if !t.ready {
@@ -182,6 +185,32 @@ func (t *Transport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (ncc
 		return nil, err
 	}
 	return sc, nil
+}
+
+// sweepPending ends the connects NCCL stopped calling. A connect that NCCL
+// still polls ends by itself at its deadline (connect.go); one still open
+// after it was abandoned: ncclCommAbort during connection set-up leaves it,
+// and NCCL never calls connect with its handle again. Its sockets would stay
+// open until Finalize, which another communicator may keep from coming, and
+// the listener's end of them would keep waiting. New connects and listens
+// (the set-up calls every later communicator makes) sweep; a late poll of a
+// swept connect gets its error, until twice its bound.
+func (t *Transport) sweepPending(now int64) {
+	t.mu.Lock()
+	var stale []*connectOp
+	for id, op := range t.pending {
+		if now < op.deadline {
+			continue
+		}
+		stale = append(stale, op)
+		if now-op.deadline >= op.deadline-op.start {
+			delete(t.pending, id)
+		}
+	}
+	t.mu.Unlock()
+	for _, op := range stale {
+		op.expire()
+	}
 }
 
 // Finalize implements nccl.Transport: it ends pending connects and closes
