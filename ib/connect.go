@@ -81,9 +81,41 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 		t.pendMu.Unlock()
 		return nil, errFinalized
 	}
+	// The dial ends within setupLimit; NCCL, which polls connect until it
+	// gets the comm, takes it at its next call. One still here a set-up bound
+	// later was abandoned (ncclCommAbort during set-up: NCCL never calls
+	// connect with this handle again), and only Finalize would release its
+	// QPs, memory and handshake connection, while the peer's receives, held
+	// alive by that connection, would wait for a sender that never comes.
+	time.AfterFunc(2*t.cfg.setupLimit, func() { t.expireConnector(id, c) })
 	le.put(hOffConnID, id)
 	le.put(hOffToken, c.token)
 	return nil, nil
+}
+
+// expireConnector releases connector c (pending as id) if NCCL never
+// collected it; see Connect. A later connect call with its handle gets
+// "connection state is unknown".
+func (t *Transport) expireConnector(id uint64, c *connector) {
+	t.pendMu.Lock()
+	if t.pending[id] != c {
+		t.pendMu.Unlock()
+		return // collected, or Finalize took it
+	}
+	select {
+	case <-c.done:
+	default:
+		t.pendMu.Unlock()
+		return // cannot happen: the dial is bounded by setupLimit
+	}
+	delete(t.pending, id)
+	sc := c.comm
+	c.comm = nil
+	t.pendMu.Unlock()
+	if sc != nil {
+		t.log.Infof(nccl.SubsysNet, "NET/GoIB : connection to %s was never collected by a connect call within %v (an aborted connection set-up); closing it", sc.peer, 2*t.cfg.setupLimit)
+		_ = sc.Close()
+	}
 }
 
 // dial runs the connector side of the handshake (docs/ib.md, "OOB

@@ -168,6 +168,28 @@ func (l *listener) serve(conn net.Conn) {
 	}
 	l.comm, l.err = rc, err
 	close(l.done)
+	if rc != nil {
+		// NCCL polls accept until it gets the comm and closes the listen
+		// right after. A comm still not taken a set-up bound later was
+		// abandoned (ncclCommAbort during set-up, with a v8-v10 table whose
+		// listen NCCL never closes); release it, and with it the peer, whose
+		// sends would otherwise wait on a receiver that never comes.
+		time.AfterFunc(l.t.cfg.setupLimit, l.expire)
+	}
+}
+
+// expire closes the accepted comm if Accept never took it; see serve.
+func (l *listener) expire() {
+	l.mu.Lock()
+	if l.closed || l.taken || l.comm == nil {
+		l.mu.Unlock()
+		return
+	}
+	rc := l.comm
+	l.comm, l.err = nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : the connection from %s was not accepted within %v and was closed", rc.peer, l.t.cfg.setupLimit)
+	l.mu.Unlock()
+	l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : connection from %s was never taken by an accept call within %v (an aborted connection set-up); closing it", rc.peer, l.t.cfg.setupLimit)
+	_ = rc.Close()
 }
 
 func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
