@@ -1,12 +1,9 @@
 package plugin
 
 import (
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
-	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 // The glue's settings, read once at the first real init (setupLocked) and
@@ -28,22 +25,6 @@ var (
 	settingDebug = env.String("NCCL_DEBUG", "",
 		"NCCL's log level; below INFO the glue does not even format its INFO/TRACE lines").ShowDefault("unset (WARN)")
 )
-
-func init() {
-	// chooseTransport's rule, for `ncclnet-go env`: a name no registered
-	// transport has makes init fail.
-	ncclenv.SetCheck(settingTransport.Name(), func(raw string) ncclenv.Verdict {
-		if _, ok := nccl.Lookup(raw); ok {
-			return ncclenv.Verdict{Used: raw}
-		}
-		var names []string
-		for _, r := range nccl.Transports() {
-			names = append(names, r.Name)
-		}
-		return ncclenv.Verdict{Used: "none", Invalid: true,
-			Why: fmt.Sprintf("names no transport of this plugin (%s); init fails instead of falling back", strings.Join(names, ", "))}
-	})
-}
 
 // NCCL_GO_STALL_WARN's default, and the cap of its doubling interval.
 const (

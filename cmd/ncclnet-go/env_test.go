@@ -136,17 +136,3 @@ func TestEnvFlagsValuesThePluginWouldNotUseAsWritten(t *testing.T) {
 	out, errOut, code = runCmd(t, "env", "--set")
 	assert.Equal(t, 0, code, "%s%s", out, errOut)
 }
-
-// NCCL_GO_TRANSPORT naming no registered transport makes the plugin's init
-// fail: env says so before the job (the check is the glue's own rule).
-func TestEnvFlagsATransportNameNobodyRegistered(t *testing.T) {
-	testEnv(t, map[string]string{"NCCL_GO_TRANSPORT": "bogus"})
-	out, _, code := runCmd(t, "env", "--set")
-	assert.Equal(t, 1, code, out)
-	assert.Contains(t, out, "invalid: NCCL_GO_TRANSPORT=bogus (env): names no transport of this plugin (")
-	assert.Contains(t, out, "init fails instead of falling back")
-
-	testEnv(t, map[string]string{"NCCL_GO_TRANSPORT": "Socket"}) // matched as NCCL matches NCCL_NET: any case
-	out, _, code = runCmd(t, "env", "--set")
-	assert.Equal(t, 0, code, out)
-}
