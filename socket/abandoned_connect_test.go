@@ -79,3 +79,32 @@ func TestAbandonedConnectIsClosedByTheNextSetUpCall(t *testing.T) {
 	_, err = tr.Connect(0, &peer, nccl.ConnectOptions{})
 	assert.ErrorContains(t, err, "abandoned")
 }
+
+// A connect NCCL keeps calling ends by itself at its first call after the
+// deadline, with the deadline's own error; another communicator's set-up
+// calls in between must not end it as "abandoned".
+func TestPolledConnectPastItsDeadlineIsNotSwept(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "0", envTimeout: "1"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	var h nccl.Handle
+	l, err := tr.Listen(0, &h)
+	require.NoError(t, err)
+	defer l.Close()
+	peer := h
+	binary.LittleEndian.PutUint16(peer[12:], blackHolePort(t))
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		var h2 nccl.Handle
+		l2, err := tr.Listen(0, &h2) // another communicator's set-up: sweeps
+		require.NoError(t, err)
+		l2.Close()
+		sc, err := tr.Connect(0, &peer, nccl.ConnectOptions{})
+		require.Nil(t, sc)
+		if err != nil {
+			assert.ErrorContains(t, err, "not connected within NCCL_GO_TIMEOUT=1s")
+			assert.NotContains(t, err.Error(), "abandoned")
+			return
+		}
+	}
+	t.Fatal("the connect to a black hole did not end within 5 s (NCCL_GO_TIMEOUT=1s)")
+}

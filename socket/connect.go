@@ -66,12 +66,15 @@ type connectOp struct {
 	lastErr error
 	done    bool
 	claimed bool // poll handed the outcome out
-	comm    *sendComm
-	err     error
+	// lastPoll is when NCCL last called connect for it (clock.Now).
+	lastPoll int64
+	comm     *sendComm
+	err      error
 }
 
 func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connectOp {
 	op := &connectOp{id: id, log: log, info: hi, opts: readSockOpts(log, hi.streams), pol: retryPolicy(log), start: clock.Now()}
+	op.lastPoll = op.start
 	scope := 0
 	a := hi.addr.Addr()
 	if a.Is6() && (a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()) {
@@ -107,6 +110,7 @@ func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connect
 func (op *connectOp) poll() (*sendComm, error, bool) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
+	op.lastPoll = clock.Now()
 	op.step()
 	op.claimed = op.done
 	return op.comm, op.err, op.done
@@ -157,12 +161,19 @@ func (op *connectOp) step() {
 			// bound; a hello written now would go into a closed connection
 			// and the comm would fail at its first send.
 			forkguard.Close(s.fd)
-			s.fd, s.state, s.retryAt = -1, dialWait, t
-			op.dial(i, t)
-			if op.done {
-				return
+			s.fd = -1
+			op.lastErr = errListenerClosed
+			if s.attempt < op.pol.Count {
+				// Counted and paced as a refused connect: a listener that
+				// closes every stream at once (a stale handle, a reused
+				// port) must not be dialled in a tight loop.
+				s.attempt++
+				s.retryAt, s.state = t+int64(op.pol.Sleep)*int64(s.attempt), dialWait
+				continue
 			}
-			continue
+			op.log.Warnf("NET/GoSocket : connect to %s failed after %d retries: %v", op.addr, s.attempt, errListenerClosed)
+			op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: %w", op.addr, errListenerClosed))
+			return
 		}
 		if s.state == dialHello {
 			n, err := sendSlice(s.fd, s.hello[s.sent:])
@@ -211,6 +222,8 @@ func (op *connectOp) step() {
 			envTimeout, bound, why))
 	}
 }
+
+var errListenerClosed = errors.New("the listener closed the stream before its hello was sent (its hello wait ran out, or the handle is stale)")
 
 // closedByListener reports whether the peer already closed (or reset) the
 // connected stream fd: the listener speaks only after the hello, so anything
@@ -293,18 +306,22 @@ func (op *connectOp) finish(err error) {
 	op.err, op.done = err, true
 }
 
-// expire ends a connect NCCL has not called since its deadline (sweepPending),
-// closing its sockets. A connect NCCL still polls has ended at that deadline
-// already.
-func (op *connectOp) expire() {
+// expire ends a connect past its deadline that NCCL has not called for a
+// whole NCCL_GO_TIMEOUT (sweepPending), closing its sockets. A connect NCCL
+// still polls ends by itself at its first call after the deadline, with the
+// deadline's own error and WARN. forget reports that sweepPending may drop
+// the op: ended, and not called for twice the bound.
+func (op *connectOp) expire(now int64) (forget bool) {
 	op.mu.Lock()
 	defer op.mu.Unlock()
-	if op.done {
-		return
-	}
 	bound := timeout.Bound(op.opts.timeout)
+	idle := now - op.lastPoll
+	if op.done || idle < int64(bound) {
+		return op.done && idle >= 2*int64(bound)
+	}
 	op.log.Infof(nccl.SubsysNet, "NET/GoSocket : connect to %s: not called again within %s=%v (an aborted connection set-up); closing its sockets", op.addr, envTimeout, bound)
 	op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: abandoned: not called again within %s=%v", op.addr, envTimeout, bound))
+	return false
 }
 
 // abort ends the connect for Finalize: sockets are closed, and a comm that

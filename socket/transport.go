@@ -193,23 +193,26 @@ func (t *Transport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (ncc
 // and NCCL never calls connect with its handle again. Its sockets would stay
 // open until Finalize, which another communicator may keep from coming, and
 // the listener's end of them would keep waiting. New connects and listens
-// (the set-up calls every later communicator makes) sweep; a late poll of a
-// swept connect gets its error, until twice its bound.
+// (the set-up calls every later communicator makes) sweep those not called
+// for a whole NCCL_GO_TIMEOUT; a late call with a swept connect's handle gets
+// its error, until it has not been called for twice the bound.
 func (t *Transport) sweepPending(now int64) {
 	t.mu.Lock()
 	var stale []*connectOp
-	for id, op := range t.pending {
-		if now < op.deadline {
-			continue
-		}
-		stale = append(stale, op)
-		if now-op.deadline >= op.deadline-op.start {
-			delete(t.pending, id)
+	for _, op := range t.pending {
+		if now >= op.deadline {
+			stale = append(stale, op)
 		}
 	}
 	t.mu.Unlock()
 	for _, op := range stale {
-		op.expire()
+		if op.expire(now) {
+			t.mu.Lock()
+			if t.pending[op.id] == op {
+				delete(t.pending, op.id)
+			}
+			t.mu.Unlock()
+		}
 	}
 }
 
