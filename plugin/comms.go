@@ -178,6 +178,15 @@ func netListenCtx(ctx uintptr, dev int, handle *nccl.Handle) (uintptr, nccl.Resu
 		_ = l.Close()
 		return 0, fail("listen", err)
 	}
+	if ctx != 0 {
+		// A finalize of ctx that ran since the check above did not see
+		// this comm (register, then look, against its remove, then
+		// range: one of the two sees the other). Nothing would close it.
+		if _, _, err := lookupCtx(ctx); err != nil {
+			removeAndClose(t, e, h, "listen")
+			return 0, fail("listen", err)
+		}
+	}
 	return h, nccl.Success
 }
 
@@ -270,12 +279,33 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 	return closeEntryLocked(t, e, h, call)
 }
 
-// closeEntryLocked is closeEntry with state.mu already held (shared, or
-// exclusively by restartLocked).
+// closeQuietly closes e unless another caller got there first (finalize's
+// sweep of its listen comms against a racing listen or close).
+func closeQuietly(e *commEntry, h uintptr, call string) bool {
+	t, err := acquire()
+	if err != nil {
+		return false
+	}
+	defer state.mu.RUnlock()
+	closed, _ := removeAndClose(t, e, h, call)
+	return closed
+}
+
+// closeEntryLocked is closeEntry with state.mu already held shared.
 func closeEntryLocked(t nccl.Transport, e *commEntry, h uintptr, call string) nccl.Result {
+	closed, res := removeAndClose(t, e, h, call)
+	if !closed {
+		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
+	}
+	return res
+}
+
+// removeAndClose takes e out of the table and closes it; closed is false when
+// it was no longer there (state.mu held, shared or exclusively).
+func removeAndClose(t nccl.Transport, e *commEntry, h uintptr, call string) (closed bool, res nccl.Result) {
 	var err error
 	if comms.Remove(slots.Ref{Slot: e.slot, Gen: e.gen}) == nil {
-		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
+		return false, nccl.Success
 	}
 	var closer interface{ Close() error } = e.listener
 	if e.tag != tagListen {
@@ -299,7 +329,7 @@ func closeEntryLocked(t nccl.Transport, e *commEntry, h uintptr, call string) nc
 		log.Warnf("NET/Go : %s: transport %s took %.1fs to close the %s (device %s); NCCL waits for it (%s bounds it, default %v)",
 			call, t.Name(), float64(took)/1e9, what, deviceNameOf(e), timeout.Peer.Name(), timeout.Default)
 	}
-	return nccl.Success
+	return true, nccl.Success
 }
 
 func deviceNameOf(e *commEntry) string {

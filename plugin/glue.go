@@ -264,8 +264,7 @@ func netFinalize(h uintptr) nccl.Result {
 func finalizeListens(h uintptr) {
 	n := 0
 	comms.Range(func(r slots.Ref, e *commEntry) bool {
-		if e.tag == tagListen && e.ctx == h {
-			closeEntry(e, commHandle(e.tag, r.Gen, r.Slot), "finalize")
+		if e.tag == tagListen && e.ctx == h && closeQuietly(e, commHandle(e.tag, r.Gen, r.Slot), "finalize") {
 			n++
 		}
 		return true
@@ -309,23 +308,35 @@ func finalizeIfIdleLocked() {
 	endTransportLocked()
 }
 
-// restartLocked ends a transport whose last context went while comms were
-// still open, when a new init arrives before the last of them was closed.
-// With NCCL_NET_PLUGIN_REF_COUNT at 0 (NCCL 2.28+'s default) NCCL unloads the
-// plugin at the last finalize, and on this new load it calls devices and
-// makes its fused NICs afresh: an old transport would report the previous
-// load's fused NICs as physical ones. The comms left open belong to the
-// previous load (a listen comm whose connection set-up was aborted is never
-// closed by NCCL), so no one will close them: close them here. state.mu is
-// held exclusively, so no set-up call is inside the transport.
+// restartLocked handles an init that finds the last context gone while comms
+// were still open. With NCCL_NET_PLUGIN_REF_COUNT at 0 (NCCL 2.28+'s default)
+// NCCL unloaded the plugin at that last finalize, and on this new load it
+// calls devices and makes its fused NICs afresh: an old transport would
+// report the previous load's fused NICs as physical. Listen comms left open
+// belong to the previous load and no one will close them (NCCL closes a
+// listen comm only after an accept on it succeeded; a v11+ context's own are
+// closed at its finalize, so these are ones made without a context): close
+// them, and if nothing else is open, start the transport afresh. Send and
+// receive comms may still be in use by the previous communicators' threads
+// (an abort that finalized before its service thread closed them): those
+// keep the transport, and the INFO says the device list may be stale.
+// state.mu is held exclusively, so no set-up call is inside the transport.
 func restartLocked() {
 	n := 0
 	comms.Range(func(r slots.Ref, e *commEntry) bool {
-		closeEntryLocked(state.transport, e, commHandle(e.tag, r.Gen, r.Slot), closeCall(e.tag))
-		n++
+		if e.tag == tagListen {
+			if closed, _ := removeAndClose(state.transport, e, commHandle(e.tag, r.Gen, r.Slot), closeCall(e.tag)); closed {
+				n++
+			}
+		}
 		return true
 	})
-	log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : init after the last finalize: closed %d comm(s) the previous communicators left open and restarting transport %s, as NCCL has loaded the plugin again", n, state.transport.Name())
+	if left := comms.Len(); left > 0 {
+		state.finalizePending.Store(false)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : init after the last finalize with %d comm(s) of the previous communicators still open: transport %s stays up until they close; if NCCL fused NICs, the device count it reads now may include the previous fused ones", left, state.transport.Name())
+		return
+	}
+	log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/Go : init after the last finalize: closed %d listen comm(s) the previous communicators left open and restarting transport %s, as NCCL has loaded the plugin again", n, state.transport.Name())
 	endTransportLocked()
 }
 
