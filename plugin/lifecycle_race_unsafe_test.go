@@ -62,7 +62,7 @@ func TestInitDoesNotCloseCommsAnotherThreadStillUses(t *testing.T) {
 	for iters.Load() < 1000 {
 	}
 	require.Equal(t, nccl.Success, netFinalize(ctx)) // A's app thread (abort)
-	ctx2, res := netInit(12, true, -1)                // B's app thread
+	ctx2, res := netInit(12, true, -1)               // B's app thread
 	require.Equal(t, nccl.Success, res)
 	stop.Store(true)
 	<-done
