@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
@@ -155,39 +156,63 @@ func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
 
 // netListenCtx is listen; ctx is the v11+ context NCCL passed (0 before v11).
 func netListenCtx(ctx uintptr, dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
+	h, res, withdrew := listenUnder(ctx, dev, handle)
+	if withdrew && state.finalizePending.Load() && comms.Len() == 0 {
+		// The last context's finalize found this comm open and left the
+		// transport to the last close; this was it.
+		finalizeIfIdle()
+	}
+	return h, res
+}
+
+// listenStep lets tests stop a listen between its steps ("checked": its
+// context looked up; "registered": its comm in the table), to run a finalize
+// or a close there.
+var listenStep = testhook.New[func(step string)](nil)
+
+// listenUnder is netListenCtx with state.mu held shared; withdrew is true
+// when the comm was registered and then closed again because ctx was
+// finalized meanwhile.
+func listenUnder(ctx uintptr, dev int, handle *nccl.Handle) (uintptr, nccl.Result, bool) {
 	if ctx != 0 {
 		if _, _, err := lookupCtx(ctx); err != nil {
-			return 0, fail("listen", err)
+			return 0, fail("listen", err), false
 		}
+	}
+	if f := listenStep.Get(); f != nil {
+		f("checked")
 	}
 	t, err := acquire()
 	if err != nil {
-		return 0, fail("listen", err)
+		return 0, fail("listen", err), false
 	}
 	defer state.mu.RUnlock()
 	if err := checkDev(t, dev); err != nil {
-		return 0, fail("listen", err)
+		return 0, fail("listen", err), false
 	}
 	l, err := t.Listen(dev, handle)
 	if err != nil {
-		return 0, fail("listen", err)
+		return 0, fail("listen", err), false
 	}
 	e := &commEntry{tag: tagListen, dev: dev, listener: l, ctx: ctx}
 	h, err := e.register()
 	if err != nil {
 		_ = l.Close()
-		return 0, fail("listen", err)
+		return 0, fail("listen", err), false
+	}
+	if f := listenStep.Get(); f != nil {
+		f("registered")
 	}
 	if ctx != 0 {
 		// A finalize of ctx that ran since the check above did not see
 		// this comm (register, then look, against its remove, then
 		// range: one of the two sees the other). Nothing would close it.
 		if _, _, err := lookupCtx(ctx); err != nil {
-			removeAndClose(t, e, h, "listen")
-			return 0, fail("listen", err)
+			removeAndClose(t, e, slots.Ref{Slot: e.slot, Gen: e.gen}, "listen")
+			return 0, fail("listen", err), true
 		}
 	}
-	return h, nccl.Success
+	return h, nccl.Success, false
 }
 
 func netConnect(dev int, trafficClass int, handle *nccl.Handle) (uintptr, nccl.Result) {
@@ -281,30 +306,32 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 
 // closeQuietly closes e unless another caller got there first (finalize's
 // sweep of its listen comms against a racing listen or close).
-func closeQuietly(e *commEntry, h uintptr, call string) bool {
+func closeQuietly(e *commEntry, r slots.Ref, call string) bool {
 	t, err := acquire()
 	if err != nil {
 		return false
 	}
 	defer state.mu.RUnlock()
-	closed, _ := removeAndClose(t, e, h, call)
+	closed, _ := removeAndClose(t, e, r, call)
 	return closed
 }
 
 // closeEntryLocked is closeEntry with state.mu already held shared.
 func closeEntryLocked(t nccl.Transport, e *commEntry, h uintptr, call string) nccl.Result {
-	closed, res := removeAndClose(t, e, h, call)
+	closed, res := removeAndClose(t, e, slots.Ref{Slot: e.slot, Gen: e.gen}, call)
 	if !closed {
 		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
 	}
 	return res
 }
 
-// removeAndClose takes e out of the table and closes it; closed is false when
-// it was no longer there (state.mu held, shared or exclusively).
-func removeAndClose(t nccl.Transport, e *commEntry, h uintptr, call string) (closed bool, res nccl.Result) {
+// removeAndClose takes e, which r names, out of the table and closes it;
+// closed is false when it was no longer there (state.mu held, shared or
+// exclusively). r comes from the caller, not from e: an entry found by
+// comms.Range may be one whose register has not yet written e.slot and e.gen.
+func removeAndClose(t nccl.Transport, e *commEntry, r slots.Ref, call string) (closed bool, res nccl.Result) {
 	var err error
-	if comms.Remove(slots.Ref{Slot: e.slot, Gen: e.gen}) == nil {
+	if comms.Remove(r) == nil {
 		return false, nccl.Success
 	}
 	var closer interface{ Close() error } = e.listener

@@ -264,7 +264,7 @@ func netFinalize(h uintptr) nccl.Result {
 func finalizeListens(h uintptr) {
 	n := 0
 	comms.Range(func(r slots.Ref, e *commEntry) bool {
-		if e.tag == tagListen && e.ctx == h && closeQuietly(e, commHandle(e.tag, r.Gen, r.Slot), "finalize") {
+		if e.tag == tagListen && e.ctx == h && closeQuietly(e, r, "finalize") {
 			n++
 		}
 		return true
@@ -325,7 +325,7 @@ func restartLocked() {
 	n := 0
 	comms.Range(func(r slots.Ref, e *commEntry) bool {
 		if e.tag == tagListen {
-			if closed, _ := removeAndClose(state.transport, e, commHandle(e.tag, r.Gen, r.Slot), closeCall(e.tag)); closed {
+			if closed, _ := removeAndClose(state.transport, e, r, closeCall(e.tag)); closed {
 				n++
 			}
 		}
