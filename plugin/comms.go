@@ -3,6 +3,7 @@ package plugin
 import (
 	"fmt"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
+	"sync"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
@@ -284,6 +285,9 @@ func netClose(h uintptr, tag uint8) nccl.Result {
 	call := closeCall(tag)
 	e, err := lookup(h, tag)
 	if err != nil {
+		if tag == tagListen && closedListens.take(h) {
+			return nccl.Success // finalize closed it first; see closedListens
+		}
 		return fail(call, err)
 	}
 	res := closeEntry(e, h, call)
@@ -304,6 +308,53 @@ func closeEntry(e *commEntry, h uintptr, call string) nccl.Result {
 	return closeEntryLocked(t, e, h, call)
 }
 
+// closedListens remembers the handles of listen comms the glue closed itself
+// (a context's finalize, the restart), so that a closeListen NCCL sends for
+// one afterwards succeeds as it did before: an abort may finalize before its
+// service thread closes what exists. NCCL 2.28's own teardown never closes
+// such a comm, so most entries are never taken; the set keeps the newest
+// maxClosedListens.
+var closedListens handleSet
+
+const maxClosedListens = 4096
+
+type handleSet struct {
+	mu    sync.Mutex
+	m     map[uintptr]struct{}
+	order []uintptr
+}
+
+func (s *handleSet) add(h uintptr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = map[uintptr]struct{}{}
+	}
+	if len(s.order) >= maxClosedListens {
+		delete(s.m, s.order[0])
+		s.order = s.order[1:]
+	}
+	s.m[h] = struct{}{}
+	s.order = append(s.order, h)
+}
+
+// take reports whether h is in the set and removes it.
+func (s *handleSet) take(h uintptr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[h]; !ok {
+		return false
+	}
+	delete(s.m, h)
+	for i, v := range s.order {
+		if v == h {
+			s.order = append(s.order[:i], s.order[i+1:]...)
+			break
+		}
+	}
+	return true
+}
+
 // closeQuietly closes e unless another caller got there first (finalize's
 // sweep of its listen comms against a racing listen or close).
 func closeQuietly(e *commEntry, r slots.Ref, call string) bool {
@@ -313,6 +364,9 @@ func closeQuietly(e *commEntry, r slots.Ref, call string) bool {
 	}
 	defer state.mu.RUnlock()
 	closed, _ := removeAndClose(t, e, r, call)
+	if closed && e.tag == tagListen {
+		closedListens.add(commHandle(e.tag, r.Gen, r.Slot))
+	}
 	return closed
 }
 

@@ -326,6 +326,7 @@ func restartLocked() {
 	comms.Range(func(r slots.Ref, e *commEntry) bool {
 		if e.tag == tagListen {
 			if closed, _ := removeAndClose(state.transport, e, r, closeCall(e.tag)); closed {
+				closedListens.add(commHandle(e.tag, r.Gen, r.Slot))
 				n++
 			}
 		}

@@ -432,7 +432,8 @@ func TestCommLeftOpenDoesNotCarryFusedNICsIntoTheNextLoad(t *testing.T) {
 	n, _ := netDevices()
 	assert.Equal(t, 2, n, "after a reload devices() must count the physical NICs only")
 	assert.Zero(t, comms.Len(), "the previous load's listen comm must be closed")
-	assert.NotEqual(t, nccl.Success, netClose(lh, tagListen), "its handle is stale now")
+	assert.Equal(t, nccl.Success, netClose(lh, tagListen), "a late closeListen of it succeeds")
+	assert.NotEqual(t, nccl.Success, netClose(lh, tagListen), "once")
 }
 
 // NCCL closes a listen comm only after an accept on it succeeded; one whose
@@ -456,7 +457,10 @@ func TestFinalizeClosesItsCommunicatorsListenComms(t *testing.T) {
 
 	require.Equal(t, nccl.Success, netFinalize(a))
 	assert.Equal(t, 1, comms.Len(), "a's listen comm must be closed, b's kept")
-	assert.NotEqual(t, nccl.Success, netClose(la, tagListen), "a's listen handle is stale after its finalize")
+	// An abort may finalize before its service thread closes what exists:
+	// that closeListen still succeeds, once.
+	assert.Equal(t, nccl.Success, netClose(la, tagListen), "closeListen after the finalize that closed it")
+	assert.NotEqual(t, nccl.Success, netClose(la, tagListen), "a second closeListen of the same handle")
 	assert.Equal(t, 0, f.finals, "b keeps the transport up")
 
 	require.Equal(t, nccl.Success, netFinalize(b))
