@@ -9,26 +9,23 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
-// blackHolePort is a loopback port whose listen backlog is full, so SYNs to
-// it go unanswered and a connect to it stays in progress.
-func blackHolePort(t *testing.T) uint16 {
-	lfd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+// blackHoleHandle is a handle of a real listener of tr with its port
+// replaced by blackhole's, so that a connect to it stays in progress.
+func blackHoleHandle(t *testing.T, tr *Transport) nccl.Handle {
+	var h nccl.Handle
+	l, err := tr.Listen(0, &h)
 	require.NoError(t, err)
-	t.Cleanup(func() { unix.Close(lfd) })
-	require.NoError(t, unix.Bind(lfd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	require.NoError(t, unix.Listen(lfd, 0))
-	sa, err := unix.Getsockname(lfd)
+	t.Cleanup(func() { l.Close() })
+	_, port, err := net.SplitHostPort(blackhole(t))
 	require.NoError(t, err)
-	port := sa.(*unix.SockaddrInet4).Port
-	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	p, err := strconv.Atoi(port)
 	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return uint16(port)
+	binary.LittleEndian.PutUint16(h[12:], uint16(p))
+	return h
 }
 
 // A connect NCCL stops calling (ncclCommAbort during connection set-up) is
@@ -39,12 +36,7 @@ func TestAbandonedConnectIsClosedByTheNextSetUpCall(t *testing.T) {
 	withEnv(t, map[string]string{envNThreads: "0", envTimeout: "1"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	var h nccl.Handle
-	l, err := tr.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
-	peer := h
-	binary.LittleEndian.PutUint16(peer[12:], blackHolePort(t))
+	peer := blackHoleHandle(t, tr)
 	sc, err := tr.Connect(0, &peer, nccl.ConnectOptions{})
 	require.NoError(t, err)
 	require.Nil(t, sc, "the connect must still be in progress")
@@ -87,12 +79,7 @@ func TestPolledConnectPastItsDeadlineIsNotSwept(t *testing.T) {
 	withEnv(t, map[string]string{envNThreads: "0", envTimeout: "1"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	var h nccl.Handle
-	l, err := tr.Listen(0, &h)
-	require.NoError(t, err)
-	defer l.Close()
-	peer := h
-	binary.LittleEndian.PutUint16(peer[12:], blackHolePort(t))
+	peer := blackHoleHandle(t, tr)
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		var h2 nccl.Handle
 		l2, err := tr.Listen(0, &h2) // another communicator's set-up: sweeps
