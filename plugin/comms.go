@@ -2,10 +2,10 @@ package plugin
 
 import (
 	"fmt"
-	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 	"sync"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/slots"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
 	"github.com/libnccl-net-go/libnccl-net-go/metrics"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
