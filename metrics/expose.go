@@ -193,20 +193,38 @@ func checkNonNegative(v, instead string) (int, ncclenv.Verdict) {
 	return int(n64), ncclenv.Verdict{Used: strconv.FormatInt(n64, 10)}
 }
 
-// checkPort is the base port's reading (envNonNegative's, then listen's rule)
-// as a registry check.
+// checkPort is the base port's reading (envNonNegative's, then listen's rule
+// for local rank 0) as a registry check.
 func checkPort(v string) ncclenv.Verdict {
 	const none = "; the plugin serves no metrics endpoint"
 	n, err := ncclenv.ParseInt(v)
 	switch {
 	case err != nil && !ncclenv.ReadInPart(err):
 		return ncclenv.Verdict{Used: "none", Invalid: true, Why: err.Error() + none}
-	case n < 1 || n > 65535:
-		return ncclenv.Verdict{Used: "none", Invalid: true, Why: fmt.Sprintf("%d is not a port: give the base port in 1..65535 (each rank serves base + its local rank)", n) + none}
+	case basePortProblem(n, 0) != "":
+		return ncclenv.Verdict{Used: "none", Invalid: true, Why: basePortProblem(n, 0) + none}
 	case err != nil:
 		return ncclenv.Verdict{Used: strconv.FormatInt(n, 10), InPart: true, Why: fmt.Sprintf("%v; the plugin uses %d", err, n)}
 	}
 	return ncclenv.Verdict{Used: strconv.FormatInt(n, 10)}
+}
+
+// basePortProblem is the one rule for the base port, shared by listen and
+// `ncclnet-go env`: "" when base + rank is a port, else what is wrong and
+// what to set, to follow "NCCL_GO_METRICS_PORT=".
+func basePortProblem(base int64, rank int) string {
+	if base < 1 {
+		// Not "gives port <rank>, outside 1..65535": with local rank 1
+		// that port would be in range, and the message would contradict
+		// itself.
+		return fmt.Sprintf("%d is not a port; set %s to a base port in 1..65535 (each rank serves base + its local rank)",
+			base, envPort)
+	}
+	if port := base + int64(rank); port > 65535 {
+		return fmt.Sprintf("%d + local rank %d gives port %d, outside 1..65535; set %s to a base port such that base + local rank is valid",
+			base, rank, port, envPort)
+	}
+	return ""
 }
 
 func init() {
@@ -240,20 +258,11 @@ func startExporter(log nccl.Logger, info Info) *exporter {
 }
 
 func (e *exporter) listen(base int64, bind string) {
+	if p := basePortProblem(base, e.localRank); p != "" {
+		e.log.Warnf("NET/Go : metrics: %s=%s; continuing without the metrics endpoint", envPort, p)
+		return
+	}
 	port := base + int64(e.localRank)
-	if base == 0 {
-		// Not "gives port <rank>, outside 1..65535": with local rank 1
-		// that port would be in range, and the message would contradict
-		// itself.
-		e.log.Warnf("NET/Go : metrics: %s=0 is not a port; set %s to a base port in 1..65535 (each rank serves base + its local rank); continuing without the metrics endpoint",
-			envPort, envPort)
-		return
-	}
-	if port > 65535 {
-		e.log.Warnf("NET/Go : metrics: %s=%d + local rank %d gives port %d, outside 1..65535; set %s to a base port such that base + local rank is valid; continuing without the metrics endpoint",
-			envPort, base, e.localRank, port, envPort)
-		return
-	}
 	addr := net.JoinHostPort(bind, strconv.FormatInt(port, 10))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -102,7 +102,7 @@ func TestEnvFlagsValuesThePluginWouldNotUseAsWritten(t *testing.T) {
 	for _, line := range []string{
 		`invalid: NCCL_GO_TIMEOUT=abc (env): "abc" is not a number of seconds or a duration such as 1.5s; the plugin uses the default 5m0s`,
 		`invalid: NCCL_SOCKET_INLINE=99999999 (env): 99999999 must be in [0, 1048576]; the plugin uses the default 16384`,
-		`invalid: NCCL_GO_METRICS_PORT=-3 (env): -3 is not a port: give the base port in 1..65535 (each rank serves base + its local rank); the plugin serves no metrics endpoint`,
+		`invalid: NCCL_GO_METRICS_PORT=-3 (env): -3 is not a port; set NCCL_GO_METRICS_PORT to a base port in 1..65535 (each rank serves base + its local rank); the plugin serves no metrics endpoint`,
 		`read in part: NCCL_GO_SOCKET_IDLE_INLINE=256k (env): NCCL reads only the number at the start of "256k" and ignores "k"; the plugin uses 256`,
 		`invalid: NCCL_IB_QPS_PER_CONNECTION=500 (env): 500 must be in [1, 128]; the plugin uses 128`,
 		`invalid: NCCL_SOCKET_RETRY_SLEEP_MSEC=90000 (env): 1m30s must be in [0s, 1m0s]; the plugin uses 1m0s`,
