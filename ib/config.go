@@ -36,11 +36,11 @@ var (
 	envMergeVFs     = env.Bool("NCCL_IB_MERGE_VFS", true, "treat the virtual functions of one NIC as one device")
 	envMergeNICs    = env.Bool("NCCL_IB_MERGE_NICS", true, "fuse the ports of a dual-port NIC into one device")
 	envDMABuf       = env.Bool("NCCL_DMABUF_ENABLE", true, "register GPU memory through dma-buf when the kernel supports it")
-	envRelaxedOrder = env.Int("NCCL_IB_PCI_RELAXED_ORDERING", 2, "0 off; 1 and 2 register with relaxed ordering when ibv_reg_mr_iova2 exists")
+	envRelaxedOrder = env.Int("NCCL_IB_PCI_RELAXED_ORDERING", 2, "1 and 2 register with relaxed ordering when ibv_reg_mr_iova2 exists; any other value is off")
 	envAdaptive     = env.Int("NCCL_IB_ADAPTIVE_ROUTING", arAuto, "0 or 1; unset follows the link layer (on for InfiniBand, off for RoCE)").ShowDefault("auto")
-	envARThreshold  = env.Int("NCCL_IB_AR_THRESHOLD", 8192, "with adaptive routing, messages above this many bytes send their data apart from the immediate; negative: every message")
+	envARThreshold  = env.Int("NCCL_IB_AR_THRESHOLD", 8192, "with adaptive routing, messages above this many bytes send their data apart from the immediate; -2 is unset (8192), other negatives: every message")
 	envQPs          = env.Int("NCCL_IB_QPS_PER_CONNECTION", 1, "queue pairs per connection and device").Clamp(1, maxQPs)
-	envSplitData    = env.Bool("NCCL_IB_SPLIT_DATA_ON_QPS", false, "spread each message over every QP instead of one QP per message")
+	envSplitData    = env.Int("NCCL_IB_SPLIT_DATA_ON_QPS", 0, "1 spreads each message over every QP instead of one QP per message; any other value does not")
 	envPKey         = env.Int("NCCL_IB_PKEY", 0, "partition key index")
 	envAckTimeout   = env.Int("NCCL_IB_TIMEOUT", 20, "InfiniBand local ACK timeout exponent (4.096 us * 2^n)")
 	envRetryCnt     = env.Int("NCCL_IB_RETRY_CNT", 7, "InfiniBand transport retry count")
@@ -78,7 +78,7 @@ type config struct {
 	mergeVFs     bool // NCCL_IB_MERGE_VFS
 	mergeNICs    bool // NCCL_IB_MERGE_NICS
 	dmabuf       bool // NCCL_DMABUF_ENABLE
-	relaxedOrder int  // NCCL_IB_PCI_RELAXED_ORDERING: 0 off, 1 and 2 on when ibv_reg_mr_iova2 exists
+	relaxedOrder bool // NCCL_IB_PCI_RELAXED_ORDERING 1 or 2: on when ibv_reg_mr_iova2 exists
 	adaptive     int  // NCCL_IB_ADAPTIVE_ROUTING: -2 per link layer (IB on, RoCE off), else 0/1
 	arThreshold  int  // NCCL_IB_AR_THRESHOLD (bytes)
 
@@ -105,8 +105,29 @@ type config struct {
 	setupLimit time.Duration // bound on one connection set-up: NCCL_GO_TIMEOUT, or its default when that is off
 }
 
-// The adaptive-routing setting left to the link layer.
+// The adaptive-routing setting left to the link layer; for
+// NCCL_IB_AR_THRESHOLD, NCCL's "not set".
 const arAuto = -2
+
+// readRelaxedOrdering is NCCL's ncclIbRelaxedOrderingCapable rule: only 1
+// and 2 ask for relaxed ordering; any other value, 0 or not, is off.
+func readRelaxedOrdering(log nccl.Logger) bool {
+	v := envRelaxedOrder.Get(log)
+	if v != 0 && v != 1 && v != 2 {
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_PCI_RELAXED_ORDERING=%d: off, as NCCL reads any value but 1 and 2; set 1 or 2 to register with relaxed ordering", v)
+	}
+	return v == 1 || v == 2
+}
+
+// readSplitData is NCCL's rule for NCCL_IB_SPLIT_DATA_ON_QPS: a message is
+// spread over the QPs only when the value is exactly 1.
+func readSplitData(log nccl.Logger) bool {
+	v := envSplitData.Get(log)
+	if v != 0 && v != 1 {
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_SPLIT_DATA_ON_QPS=%d: one QP per message, as NCCL splits only with 1", v)
+	}
+	return v == 1
+}
 
 func readConfig(log nccl.Logger) (config, error) {
 	c := config{
@@ -116,12 +137,12 @@ func readConfig(log nccl.Logger) (config, error) {
 		mergeVFs:     envMergeVFs.Get(log),
 		mergeNICs:    envMergeNICs.Get(log),
 		dmabuf:       envDMABuf.Get(log),
-		relaxedOrder: int(envRelaxedOrder.Get(log)),
+		relaxedOrder: readRelaxedOrdering(log),
 		adaptive:     int(envAdaptive.Get(log)),
 		arThreshold:  int(envARThreshold.Get(log)),
 
 		qpsPerConn:  int(envQPs.Get(log)),
-		splitData:   envSplitData.Get(log),
+		splitData:   readSplitData(log),
 		pkey:        int(envPKey.Get(log)),
 		ackTimeout:  int(envAckTimeout.Get(log)),
 		retryCnt:    int(envRetryCnt.Get(log)),
@@ -149,7 +170,10 @@ func readConfig(log nccl.Logger) (config, error) {
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_ADAPTIVE_ROUTING=%d: on, as NCCL reads any value but 0 (and -2, the link layer's default)", c.adaptive)
 		c.adaptive = 1
 	}
-	if c.arThreshold < 0 {
+	if c.arThreshold == arAuto {
+		// NCCL's own default is -2, which it reads as "not set": 8192.
+		c.arThreshold = int(envARThreshold.Default())
+	} else if c.arThreshold < 0 {
 		// NCCL compares the (signed) message size with it: every message,
 		// zero-length ones included, is above a negative threshold.
 		log.Infof(nccl.SubsysInit|nccl.SubsysNet|nccl.SubsysEnv, "NET/GoIB : NCCL_IB_AR_THRESHOLD=%d: with adaptive routing every message sends its data apart from the immediate, as in NCCL", c.arThreshold)

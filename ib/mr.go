@@ -116,7 +116,7 @@ func pageRange(addr uint64, size int) (lo, hi uint64) {
 // provider has ibv_reg_mr_iova2 (for host and dma-buf registrations alike).
 func (t *Transport) mrAccess() verbs.Access {
 	a := verbs.AccessLocalWrite | verbs.AccessRemoteWrite | verbs.AccessRemoteRead | verbs.AccessRemoteAtomic
-	if t.feats.RegIova2 && t.cfg.relaxedOrder != 0 {
+	if t.feats.RegIova2 && t.cfg.relaxedOrder {
 		a |= verbs.AccessRelaxedOrdering
 	}
 	return a

@@ -228,6 +228,7 @@ func TestRelaxedOrderingRequested(t *testing.T) {
 		{"default with iova2", nil, true, true},
 		{"forced with iova2", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "1"}, true, true},
 		{"off", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "0"}, true, false},
+		{"3 is off, as in NCCL", []string{"NCCL_IB_PCI_RELAXED_ORDERING", "3"}, true, false},
 		{"no ibv_reg_mr_iova2", nil, false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
