@@ -52,13 +52,13 @@ func TestConfigRangesWarn(t *testing.T) {
 		{[]string{"NCCL_IB_QPS_PER_CONNECTION", "0"}, func(c config) int { return c.qpsPerConn }, 1, "NET/GoIB : ignoring NCCL_IB_QPS_PER_CONNECTION=0: must be in [1, 128]; using 1"},
 		{[]string{"NCCL_IB_QPS_PER_CONNECTION", "1000"}, func(c config) int { return c.qpsPerConn }, maxQPs, "using 128"},
 		{[]string{"NCCL_IB_QPS_PER_CONNECTION", "4"}, func(c config) int { return c.qpsPerConn }, 4, ""},
-		{[]string{"NCCL_IB_AR_THRESHOLD", "-5"}, func(c config) int { return c.arThreshold }, -1, ""}, // NCCL: every size is above a negative threshold
-		{[]string{"NCCL_IB_AR_THRESHOLD", "-2"}, func(c config) int { return c.arThreshold }, 8192, ""}, // NCCL's "not set"
+		{[]string{"NCCL_IB_AR_THRESHOLD", "-5"}, func(c config) int { return c.arThreshold }, -1, ""},       // NCCL: every size is above a negative threshold
+		{[]string{"NCCL_IB_AR_THRESHOLD", "-2"}, func(c config) int { return c.arThreshold }, 8192, ""},     // NCCL's "not set"
 		{[]string{"NCCL_IB_SPLIT_DATA_ON_QPS", "2"}, func(c config) int { return b2i(c.splitData) }, 0, ""}, // NCCL splits only with 1
 		{[]string{"NCCL_IB_SPLIT_DATA_ON_QPS", "1"}, func(c config) int { return b2i(c.splitData) }, 1, ""},
 		{[]string{"NCCL_IB_PCI_RELAXED_ORDERING", "3"}, func(c config) int { return b2i(c.relaxedOrder) }, 0, ""}, // NCCL: only 1 and 2
 		{[]string{"NCCL_IB_PCI_RELAXED_ORDERING", "1"}, func(c config) int { return b2i(c.relaxedOrder) }, 1, ""},
-		{[]string{"NCCL_IB_ADAPTIVE_ROUTING", "3"}, func(c config) int { return c.adaptive }, 1, ""},  // NCCL: any value but 0 and -2 is on
+		{[]string{"NCCL_IB_ADAPTIVE_ROUTING", "3"}, func(c config) int { return c.adaptive }, 1, ""}, // NCCL: any value but 0 and -2 is on
 		{[]string{"NCCL_IB_TIMEOUT", "twenty"}, func(c config) int { return c.ackTimeout }, 20, "NET/GoIB : ignoring NCCL_IB_TIMEOUT=twenty"},
 		{[]string{"NCCL_SOCKET_RETRY_CNT", "5"}, func(c config) int { return c.dialRetry }, 5, ""},
 	} {

@@ -60,7 +60,7 @@ func BenchmarkScrape(b *testing.B) {
 	for i := range devs {
 		devs[i] = ForDevice("bench", "scrape", i)
 	}
-	reg := newRegistry(Info{PluginVersion: "bench", APIVersion: "v10", Transport: "bench"}, 0)
+	reg := newRegistry(Info{PluginVersion: "bench", APIVersion: "v10", Transport: "bench"}, 0, nil)
 	b.ReportAllocs()
 	for b.Loop() {
 		mfs, err := reg.Gather()

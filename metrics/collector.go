@@ -71,9 +71,9 @@ func newCollector(info Info, localRank int, devices func() []*Device) *collector
 		errors: desc("errors_total",
 			"Failed requests and failed calls, by the kind of NCCL error returned.", errLabels),
 		latency: desc("request_duration_seconds",
-			"Time from posting a request (isend/irecv) to test reporting it done.", dirLabels),
+			"Time from posting a request (isend/irecv) to test reporting it done, including time waiting for the peer.", dirLabels),
 		stalls: desc("stalled_requests_total",
-			"Requests that stayed pending longer than NCCL_GO_STALL_WARN (each counted once).", dirLabels),
+			"Requests that stayed pending longer than NCCL_GO_STALL_WARN, and (direction=send) runs of isend calls the transport refused that long; each counted once.", dirLabels),
 		flushes: desc("flushes_total",
 			"GPU-direct flushes (iflush) issued.", deviceLabels),
 		mrHits: desc("mr_cache_hits_total",
@@ -144,8 +144,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 // newRegistry returns a registry holding only the plugin's collector: the
 // plugin lives inside the application's process, and the global default
 // registry (which the application may use itself) must not be touched.
-func newRegistry(info Info, localRank int) *prometheus.Registry {
+func newRegistry(info Info, localRank int, labels prometheus.Labels) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newCollector(info, localRank, Devices))
+	prometheus.WrapRegistererWith(labels, reg).MustRegister(newCollector(info, localRank, Devices))
 	return reg
+}
+
+// jobLabels is the nccl_job label for a job ("" is none: the label is left
+// out rather than set empty, which Prometheus reads as absent anyway).
+func jobLabels(job string) prometheus.Labels {
+	if job == "" {
+		return prometheus.Labels{}
+	}
+	return prometheus.Labels{"nccl_job": job}
 }

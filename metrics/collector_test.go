@@ -110,7 +110,7 @@ func TestLatencyHistogramBuckets(t *testing.T) {
 	}
 	reg := testRegistry(t, Info{}, 0, d)
 	want := `
-# HELP ncclnet_request_duration_seconds Time from posting a request (isend/irecv) to test reporting it done.
+# HELP ncclnet_request_duration_seconds Time from posting a request (isend/irecv) to test reporting it done, including time waiting for the peer.
 # TYPE ncclnet_request_duration_seconds histogram
 ncclnet_request_duration_seconds_bucket{device="DEV",direction="send",local_rank="0",port="0",transport="socket",le="1e-06"} 2
 ncclnet_request_duration_seconds_bucket{device="DEV",direction="send",local_rank="0",port="0",transport="socket",le="2.5e-06"} 3

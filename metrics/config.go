@@ -30,6 +30,15 @@ var (
 		env.Int("SLURM_LOCALID", -1, "Slurm's local rank, tried after OMPI_COMM_WORLD_LOCAL_RANK").ShowDefault("unset"),
 		env.Int("MPI_LOCALRANKID", -1, "MPICH / Intel MPI's local rank, tried last").ShowDefault("unset"),
 	}
+	// The NCCL job: ours, then the batch systems' job ids (jobVars).
+	settingJob = []*ncclenv.StringVar{
+		env.String(envJob, "", "the nccl_job label on every series: which NCCL job this process belongs to").ShowDefault("the launcher's job id, else no label"),
+		env.String("SLURM_JOB_ID", "", "Slurm's job id, used when NCCL_GO_METRICS_JOB is unset").ShowDefault("unset"),
+		env.String("PBS_JOBID", "", "PBS's job id, tried after SLURM_JOB_ID").ShowDefault("unset"),
+		env.String("LSB_JOBID", "", "LSF's job id, tried after PBS_JOBID").ShowDefault("unset"),
+		env.String("FLUX_JOB_ID", "", "Flux's job id, tried after LSB_JOBID").ShowDefault("unset"),
+		env.String("TORCHELASTIC_RUN_ID", "", "torchrun's --rdzv-id (its default \"none\" is skipped), tried last").ShowDefault("unset"),
+	}
 )
 
 // Enabled reads NCCL_GO_METRICS: whether the glue counts requests at all.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -30,6 +31,10 @@ const (
 	envLocalRank   = "NCCL_GO_METRICS_LOCAL_RANK"
 	envTextfileDir = "NCCL_GO_METRICS_TEXTFILE_DIR"
 	envInterval    = "NCCL_GO_METRICS_INTERVAL"
+	envJob         = "NCCL_GO_METRICS_JOB"
+
+	// maxJobLabel bounds the nccl_job value: a job id, not a document.
+	maxJobLabel = 128
 
 	defaultBind     = "127.0.0.1"
 	defaultInterval = 15 * time.Second
@@ -53,6 +58,7 @@ type exporter struct {
 	reg       *prometheus.Registry
 	info      Info
 	localRank int
+	job       string // nccl_job label; "" for none
 
 	server   *http.Server
 	addr     string // actual listen address, for logs and tests
@@ -133,6 +139,29 @@ func LocalRank(log nccl.Logger) int {
 		}
 	}
 	return 0
+}
+
+// Job is the NCCL job this process belongs to, for the nccl_job label:
+// NCCL_GO_METRICS_JOB, else the batch system's job id, else "" (no label).
+// The label is what lets one alert compare a rank with the other ranks of its
+// own job when one Prometheus scrape job (or node_exporter, in textfile mode)
+// covers every NCCL job of a cluster.
+func Job(log nccl.Logger) string {
+	if log == nil {
+		log = nccl.DiscardLogger{}
+	}
+	for _, v := range settingJob {
+		j := v.Get()
+		if j == "" || (v.Name() == "TORCHELASTIC_RUN_ID" && j == "none") {
+			continue
+		}
+		if len(j) > maxJobLabel || !utf8.ValidString(j) {
+			log.Warnf("NET/Go : metrics: ignoring %s for the nccl_job label: not UTF-8 of at most %d bytes; set %s to the job's id", v.Name(), maxJobLabel, envJob)
+			continue
+		}
+		return j
+	}
+	return ""
 }
 
 // BasePort is NCCL_GO_METRICS_PORT (ok false when unset or not an integer
@@ -246,8 +275,8 @@ func startExporter(log nccl.Logger, info Info) *exporter {
 	if port < 0 && dir == "" {
 		rankLog = nccl.DiscardLogger{} // a launcher's odd LOCAL_RANK is no concern then
 	}
-	rank := LocalRank(rankLog)
-	e := &exporter{log: log, reg: newRegistry(info, rank), info: info, localRank: rank}
+	rank, job := LocalRank(rankLog), Job(rankLog)
+	e := &exporter{log: log, reg: newRegistry(info, rank, jobLabels(job)), info: info, localRank: rank, job: job}
 	if port >= 0 {
 		e.listen(int64(port), settingBind.Get())
 	}
@@ -334,7 +363,9 @@ func (e *exporter) startTextfile(dir string) {
 	e.textfile = filepath.Join(dir, TextfileName(e.localRank, ProcessID()))
 	e.removeStaleTextfiles(dir)
 	e.treg = prometheus.NewRegistry()
-	prometheus.WrapRegistererWith(prometheus.Labels{"process": ProcessID()}, e.treg).MustRegister(newCollector(e.info, e.localRank, Devices))
+	labels := jobLabels(e.job)
+	labels["process"] = ProcessID()
+	prometheus.WrapRegistererWith(labels, e.treg).MustRegister(newCollector(e.info, e.localRank, Devices))
 	e.stop = make(chan struct{})
 	e.done = make(chan struct{})
 	failing := !e.writeTextfile(false)

@@ -300,7 +300,7 @@ func TestTextfileIsReplacedAtomically(t *testing.T) {
 	assert.Empty(t, ents, "no temporary files left behind")
 
 	// And the exposition reports bytes exactly (write one more time directly).
-	e := &exporter{log: log, treg: newRegistry(testInfo, 6), textfile: file, interval: minInterval}
+	e := &exporter{log: log, treg: newRegistry(testInfo, 6, nil), textfile: file, interval: minInterval}
 	require.True(t, e.writeTextfile(false))
 	b, err := os.ReadFile(file)
 	require.NoError(t, err)
@@ -312,7 +312,7 @@ func TestTextfileIsReplacedAtomically(t *testing.T) {
 func TestTextfileWriteFailureWarnsOnce(t *testing.T) {
 	dir := t.TempDir()
 	log := &recLogger{}
-	e := &exporter{log: log, treg: newRegistry(testInfo, 0), textfile: filepath.Join(dir, "gone", "x.prom"), interval: minInterval}
+	e := &exporter{log: log, treg: newRegistry(testInfo, 0, nil), textfile: filepath.Join(dir, "gone", "x.prom"), interval: minInterval}
 	ok := e.writeTextfile(false)
 	require.False(t, ok)
 	require.False(t, e.writeTextfile(!ok))
@@ -454,4 +454,58 @@ func TestForkedChildDropsTheEndpoint(t *testing.T) {
 	open, err := forkguard.OpenInChild(fds)
 	require.NoError(t, err)
 	assert.Equal(t, []bool{false, false}, open)
+}
+
+// Every series carries the NCCL job, so that an alert compares a rank with
+// its own job's ranks when one scrape job covers a whole cluster.
+func TestJobLabelOnEverySeries(t *testing.T) {
+	stopAll(t)
+	long := strings.Repeat("j", maxJobLabel+1)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want string // "" : no nccl_job label at all
+		warn string
+	}{
+		{"NCCL_GO_METRICS_JOB wins", map[string]string{"NCCL_GO_METRICS_JOB": "train-7", "SLURM_JOB_ID": "1234"}, "train-7", ""},
+		{"SLURM_JOB_ID", map[string]string{"SLURM_JOB_ID": "1234", "PBS_JOBID": "9.pbs"}, "1234", ""},
+		{"PBS_JOBID", map[string]string{"PBS_JOBID": "9.pbs", "LSB_JOBID": "5"}, "9.pbs", ""},
+		{"LSB_JOBID", map[string]string{"LSB_JOBID": "5"}, "5", ""},
+		{"FLUX_JOB_ID", map[string]string{"FLUX_JOB_ID": "f2Ks"}, "f2Ks", ""},
+		{"torchrun's rdzv id", map[string]string{"TORCHELASTIC_RUN_ID": "exp3"}, "exp3", ""},
+		{"torchrun's default rdzv id is no job", map[string]string{"TORCHELASTIC_RUN_ID": "none"}, "", ""},
+		{"none set", map[string]string{}, "", ""},
+		{"too long falls through", map[string]string{"NCCL_GO_METRICS_JOB": long, "SLURM_JOB_ID": "77"}, "77", "ignoring NCCL_GO_METRICS_JOB for the nccl_job label"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.env["NCCL_GO_METRICS_PORT"] = strconv.Itoa(freePort(t))
+			setEnv(t, tc.env)
+			log := &recLogger{}
+			Start(log, testInfo)
+			defer Stop()
+			dev := newTestDevice(t, "socket", 1)
+			dev.ConnOpened(Send)
+			defer dev.ConnClosed(Send)
+			mfs := scrape(t, currentExporter(t).addr)
+			require.NotEmpty(t, mfs)
+			for _, mf := range mfs {
+				for _, m := range mf.GetMetric() {
+					got, has := "", false
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "nccl_job" {
+							got, has = l.GetValue(), true
+						}
+					}
+					assert.Equal(t, tc.want != "", has, "%s: nccl_job present", mf.GetName())
+					assert.Equal(t, tc.want, got, mf.GetName())
+				}
+			}
+			if tc.warn == "" {
+				assert.Empty(t, log.Warns())
+			} else {
+				require.Len(t, log.Warns(), 1)
+				assert.Contains(t, log.Warns()[0], tc.warn)
+			}
+		})
+	}
 }

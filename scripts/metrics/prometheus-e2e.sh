@@ -166,8 +166,10 @@ HARNESS_TIMEOUT=$((120 + LINGER))
 
 # The harness must pick the local ranks itself; a value inherited from the CI
 # environment would put both processes on one port.
+# Nor may a batch system's job id decide the nccl_job label (part 3 sets it).
 unset NCCL_GO_METRICS_LOCAL_RANK LOCAL_RANK OMPI_COMM_WORLD_LOCAL_RANK SLURM_LOCALID MPI_LOCALRANKID \
-  NCCL_GO_METRICS_PORT NCCL_GO_METRICS_TEXTFILE_DIR NCCL_GO_METRICS_INTERVAL NCCL_GO_METRICS_BIND
+  NCCL_GO_METRICS_PORT NCCL_GO_METRICS_TEXTFILE_DIR NCCL_GO_METRICS_INTERVAL NCCL_GO_METRICS_BIND \
+  NCCL_GO_METRICS_JOB SLURM_JOB_ID PBS_JOBID LSB_JOBID FLUX_JOB_ID TORCHELASTIC_RUN_ID
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
 ########## 1. HTTP endpoint scraped by Prometheus ##########
@@ -396,6 +398,10 @@ returns() {
 }
 
 LOAD=("$HELPER" load --plugin "$PLUGIN" --duration "$LOAD_SECS")
+# Both pairs belong to one NCCL job, so the silent pair's ranks are the busy
+# pair's peers; the dashboard queries below select that job by its nccl_job.
+NCCL_JOB=e2e-train
+export NCCL_GO_METRICS_JOB=$NCCL_JOB
 NCCL_GO_METRICS_PORT=$RULES_BASE NCCL_GO_STALL_WARN=1 \
   start load-busy timeout $((LOAD_SECS + 60)) "${LOAD[@]}" --size 256K --pause 0.05 --stall 3 --inject-error
 BUSY_PID=$STARTED_PID
@@ -429,8 +435,8 @@ alert_soon NcclNetStalledRequests ",instance=\"127.0.0.1:$RULES_BASE\",direction
 alert_soon NcclNetErrors ",instance=\"127.0.0.1:$RULES_BASE\"" ||
   fail "NcclNetErrors is not active for the rank whose irecv the plugin refused"
 for p in $((RULES_BASE + 2)) $((RULES_BASE + 3)); do
-  alert_soon NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\"" ||
-    fail "NcclNetRankNotMovingData is not active for the silent rank on port $p"
+  alert_soon NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\",nccl_job=\"$NCCL_JOB\"" ||
+    fail "NcclNetRankNotMovingData is not active for the silent rank on port $p (with nccl_job=\"$NCCL_JOB\")"
 done
 for p in "$RULES_BASE" $((RULES_BASE + 1)); do
   ! alert_active NcclNetRankNotMovingData ",instance=\"127.0.0.1:$p\"" ||
@@ -444,6 +450,7 @@ n=0
 while IFS= read -r expr; do
   q=${expr//\$__rate_interval/1m}
   q=${q//\$__interval/15s}
+  q=${q//\$nccl_job/$NCCL_JOB}
   q=${q//\$job/ncclnet-rules}
   q=${q//\$instance/.*}
   q=${q//\$device/.*}
