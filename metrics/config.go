@@ -32,7 +32,7 @@ var (
 	}
 	// The NCCL job: ours, then the batch systems' job ids (jobVars).
 	settingJob = []*ncclenv.StringVar{
-		env.String(envJob, "", "the nccl_job label on every series: which NCCL job this process belongs to").ShowDefault("the launcher's job id, else no label"),
+		env.String(envJob, "", "the nccl_job label on every series: which NCCL job this process belongs to").ShowDefault("launcher's job id, else no label"),
 		env.String("SLURM_JOB_ID", "", "Slurm's job id, used when NCCL_GO_METRICS_JOB is unset").ShowDefault("unset"),
 		env.String("PBS_JOBID", "", "PBS's job id, tried after SLURM_JOB_ID").ShowDefault("unset"),
 		env.String("LSB_JOBID", "", "LSF's job id, tried after PBS_JOBID").ShowDefault("unset"),
