@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/timeout"
@@ -22,7 +21,7 @@ var env = ncclenv.NewGroup("ib", logPrefix)
 
 var (
 	envDisable      = env.Bool("NCCL_IB_DISABLE", false, "do not use the ib transport")
-	envLib          = env.String("NCCL_IBVERBS_LIB", ibv.DefaultLibrary, "libibverbs to dlopen")
+	envLib          = env.String("NCCL_IBVERBS_LIB", "", "libibverbs to dlopen before NCCL's defaults").ShowDefault("libibverbs.so, then libibverbs.so.1")
 	envHCA          = env.List("NCCL_IB_HCA", ncclenv.MaxIBDevs, "HCA ports to use: <hca>[:<port>[:<rail>[:<plane>]]], comma-separated prefixes, '^' excludes, '=' exact names")
 	envGIDIndex     = env.Int("NCCL_IB_GID_INDEX", -1, "RoCE GID index; -1 chooses automatically").ShowDefault("-1 (automatic)")
 	envRoutableFLID = env.Int("NCCL_IB_ROUTABLE_FLID_GID_INDEX", 1,

@@ -76,11 +76,29 @@ func TestInitFallsBackWithErrNoDevice(t *testing.T) {
 	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
 
 	// On this build host libibverbs may be present but there is no device, or
-	// it is absent: either way the real transport must say ErrNoDevice.
+	// it is absent: either way the real transport must say ErrNoDevice. The
+	// set library that does not load gets a WARN, and NCCL's defaults are
+	// tried after it, as NCCL does.
 	setEnv(t, "NCCL_IBVERBS_LIB", "/nonexistent/libibverbs.so.1")
-	err = New().Init(nccl.InitContext{Log: &captureLog{}})
+	log := &captureLog{}
+	err = New().Init(nccl.InitContext{Log: log})
 	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
-	assert.ErrorContains(t, err, "NCCL_IBVERBS_LIB")
+	assert.True(t, log.has("NCCL_IBVERBS_LIB=/nonexistent/libibverbs.so.1: "), log.String())
+	assert.True(t, log.has("trying libibverbs.so and libibverbs.so.1, as NCCL does"), log.String())
+	if !libibverbsInstalled() {
+		assert.ErrorContains(t, err, "NCCL_IBVERBS_LIB=/nonexistent/libibverbs.so.1")
+		assert.ErrorContains(t, err, "dlopen(libibverbs.so.1)", "the defaults were tried after the set library")
+	}
+}
+
+// libibverbsInstalled is whether the loader finds rdma-core's soname.
+func libibverbsInstalled() bool {
+	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"} {
+		if _, err := os.Stat(dir + "/libibverbs.so.1"); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 func TestPtrSupportAndFeatureLogs(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/ibv"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -47,10 +46,9 @@ func requireRealDevice(t *testing.T) {
 	if os.Getenv("RDMA_LANE") == "1" {
 		skip = t.Fatalf
 	}
-	lib := envLib.Get()
-	p, err := ibv.Load(lib)
+	p, err := loadVerbs(nccl.DiscardLogger{}, envLib.Get())
 	if err != nil {
-		skip("no RDMA stack: %s cannot be loaded (%v)", lib, err)
+		skip("no RDMA stack: libibverbs cannot be loaded (%v)", err)
 		return
 	}
 	names, err := p.Devices()

@@ -1,6 +1,7 @@
 package ib
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -144,8 +145,7 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 	}
 	p := t.opts.Provider
 	if p == nil {
-		lib := cfg.ibverbsLib
-		lp, err := ibv.Load(lib)
+		lp, err := loadVerbs(t.log, cfg.ibverbsLib)
 		if err != nil {
 			return fmt.Errorf("%w: %v (install rdma-core's libibverbs1 or point NCCL_IBVERBS_LIB at libibverbs.so.1)", nccl.ErrNoDevice, err)
 		}
@@ -179,6 +179,30 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 	}
 	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : using %s ; OOB %s:%v (verbs provider %s)", strings.Join(names, " "), name, addr, p.Name())
 	return nil
+}
+
+// loadVerbs opens libibverbs as NCCL's ibvsymbols.cc does: NCCL_IBVERBS_LIB
+// when set, then libibverbs.so, then libibverbs.so.1. A set library that does
+// not load falls back to the defaults, as in NCCL, with a WARN: the user
+// asked for that one.
+func loadVerbs(log nccl.Logger, set string) (*ibv.Provider, error) {
+	var errs []string
+	if set != "" {
+		p, err := ibv.Load(set)
+		if err == nil {
+			return p, nil
+		}
+		log.Warnf("NET/GoIB : NCCL_IBVERBS_LIB=%s: %v; trying %s, as NCCL does", set, err, strings.Join(ibv.DefaultLibraries, " and "))
+		errs = append(errs, "NCCL_IBVERBS_LIB="+set+": "+err.Error())
+	}
+	for _, lib := range ibv.DefaultLibraries {
+		p, err := ibv.Load(lib)
+		if err == nil {
+			return p, nil
+		}
+		errs = append(errs, err.Error())
+	}
+	return nil, errors.New(strings.Join(errs, "; "))
 }
 
 func (t *Transport) Devices() int {

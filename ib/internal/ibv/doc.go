@@ -1,7 +1,7 @@
 // Package ibv is the verbs.Provider on the real libibverbs. The library is
-// opened at run time with dlopen (libibverbs.so.1, or NCCL_IBVERBS_LIB as the
-// transport passes it) and every non-inline verb is resolved with dlvsym on
-// its IBVERBS_1.x version, so nothing links against -libverbs and a host
+// opened at run time with dlopen (NCCL_IBVERBS_LIB, libibverbs.so or
+// libibverbs.so.1, as the transport tries them) and every non-inline verb is
+// resolved with dlvsym on its IBVERBS_1.x version, so nothing links against -libverbs and a host
 // without rdma-core still loads the plugin. Optional verbs (dma-buf
 // registration, reg_mr_iova2, ECE) are probed and reported in Features.
 //

@@ -21,8 +21,14 @@ import (
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 )
 
-// DefaultLibrary is what Load opens unless told otherwise.
+// DefaultLibrary is the soname rdma-core's runtime package installs.
 const DefaultLibrary = "libibverbs.so.1"
+
+// DefaultLibraries is what NCCL opens when NCCL_IBVERBS_LIB is unset or fails
+// (misc/ibvsymbols.cc), in its order: the development symlink, then the
+// soname. Where the symlink points at another build (rdma-core under
+// /usr/local), it is the one NCCL's own IB transport uses.
+var DefaultLibraries = []string{"libibverbs.so", DefaultLibrary}
 
 // The C mirrors must match the Go value types exactly: slices of them cross
 // into C without copying. A mismatch fails the build (a negative array
