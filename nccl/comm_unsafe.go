@@ -41,7 +41,9 @@ type SendComm interface {
 	// MaxRecvs outstanding sends.
 	Isend(data unsafe.Pointer, size int, tag int, mh MemHandle) (Request, error)
 	// Test reports whether r is complete and, if so, how many bytes were sent.
-	// After done == true NCCL never tests r again and the transport may reuse it.
+	// After done == true NCCL never tests r again and the transport may reuse it;
+	// NCCL also reuses data at once, so the transport must have finished reading
+	// it. r must not be handed out again before then.
 	Test(r Request) (done bool, size int, err error)
 }
 
@@ -51,9 +53,11 @@ type RecvComm interface {
 	Comm
 	// Irecv posts a grouped receive of len(bufs) buffers (1 to MaxRecvs, each
 	// 0 to MaxNetSize bytes: the glue has checked both). Each incoming send
-	// goes to the buffer with its tag inside the oldest posted receive. A send
-	// larger than its buffer fails with InvalidUsage and nothing is written
-	// past the buffer. bufs is only valid during the call.
+	// goes to the buffer with its tag in the oldest posted receive that still
+	// has such a buffer free. A send larger than its buffer fails with
+	// InvalidUsage and nothing is written past the buffer. bufs is only valid
+	// during the call (the glue reuses the slice): copy it; the memory it
+	// points to is the transport's until Test reports r done or failed.
 	Irecv(bufs []RecvBuffer) (Request, error)
 	// Iflush makes GPU-direct received data visible to the GPU. bufs[i].Size is
 	// the received size. It returns NoRequest only when nothing needs to be

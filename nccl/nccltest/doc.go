@@ -33,7 +33,11 @@
 // buffers alone; a second transport made and initialised after the first was
 // finalized (as the glue does for NCCL's next communicator); and no goroutine
 // left once Finalize returned. A completed send's buffer is overwritten at
-// once, as NCCL reuses it.
+// once, as NCCL reuses it; Irecv's bufs slice is overwritten as soon as the
+// call returns, as the glue reuses its own; a request id handed out again
+// before Test reported it done or failed is a failure; and so is a data-path
+// call (Isend, Irecv, Test) over 1 s, or most calls of one kind taking 1 ms or
+// more (a wait that does not deadlock the suite is still a stall in NCCL).
 //
 // Buffers are memory outside the Go heap (mmap), handed over as the address of
 // their first byte, the way NCCL hands over C or GPU memory: a transport may

@@ -16,6 +16,8 @@ import (
 const (
 	sentinel = 0xA5
 	guard    = 256
+	// poisonTag is what Irecv's bufs hold after the call; no send uses it.
+	poisonTag = -0x5eed
 )
 
 // Pair is one connection: the sending end and the receiving end.
@@ -279,6 +281,9 @@ type flow struct {
 	// posted yet (NCCL's subs sharing a comm reach their isend at different
 	// times).
 	sendGap, lastSend int
+	// bufs is the one slice every Irecv of the flow gets, overwritten after
+	// each call, as the glue reuses its own: a transport must copy it.
+	bufs []nccl.RecvBuffer
 }
 
 func (h *H) newFlow(name string, p *Pair, groups []group) *flow {
@@ -312,7 +317,10 @@ func (f *flow) inflightS() int { return f.nextS - f.doneS }
 
 func (f *flow) postRecv() {
 	ro := f.recvs[f.nextR]
-	bufs := make([]nccl.RecvBuffer, len(ro.g.bufs))
+	if len(f.bufs) < len(ro.g.bufs) {
+		f.bufs = make([]nccl.RecvBuffer, len(ro.g.bufs))
+	}
+	bufs := f.bufs[:len(ro.g.bufs)]
 	for i, b := range ro.g.bufs {
 		if ro.mem[i] == nil {
 			m := f.h.buffer(f.p.Recv, b.cap+guard)
@@ -324,11 +332,22 @@ func (f *flow) postRecv() {
 	var r nccl.Request
 	var err error
 	f.h.call("Irecv", func() { r, err = f.p.Recv.Irecv(bufs) })
+	// bufs is only valid during the call (the glue reuses its slice for the
+	// next irecv): poison it, so a transport that kept it instead of copying
+	// sees a zero-byte buffer with a tag no send carries.
+	for i := range bufs {
+		bufs[i] = nccl.RecvBuffer{Size: 0, Tag: poisonTag}
+	}
 	f.h.NoError(err, "%s: Irecv %d (n=%d)", f.name, f.nextR, len(bufs))
 	if r == nccl.NoRequest {
 		return
 	}
 	checkRequest(f.h, r, "Irecv")
+	for i := f.doneR; i < f.nextR; i++ {
+		if o := f.recvs[i]; !o.done && o.req == r {
+			f.h.fatalf("%s: Irecv %d returned request %d, which receive %d still holds (Test has not reported it done): a request id may be reused only after Test reported it done or failed", f.name, f.nextR, r, i)
+		}
+	}
 	ro.req, ro.posted = r, true
 	f.nextR++
 }
@@ -349,6 +368,11 @@ func (f *flow) postSend() {
 		return
 	}
 	checkRequest(f.h, r, "Isend")
+	for i := f.doneS; i < f.nextS; i++ {
+		if o := f.sends[i]; !o.done && o.req == r {
+			f.h.fatalf("%s: Isend %d returned request %d, which send %d still holds (Test has not reported it done): a request id may be reused only after Test reported it done or failed", f.name, f.nextS, r, i)
+		}
+	}
 	f.noRequest = 0
 	so.req, so.posted = r, true
 	f.nextS++
@@ -500,10 +524,14 @@ func (h *H) pump(flows ...*flow) {
 		}
 		if h.expired() {
 			st := make([]string, len(flows))
+			hint := ""
 			for i, f := range flows {
 				st[i] = f.status()
+				if f.doneR < f.nextR && f.doneS == f.nextS && f.nextS > 0 {
+					hint = "\n(receives pending although every posted send completed: does Irecv keep its bufs slice? It is only valid during the call; copy it)"
+				}
 			}
-			h.fatalf("transfers did not complete before the deadline:\n  %s", strings.Join(st, "\n  "))
+			h.fatalf("transfers did not complete before the deadline:\n  %s%s", strings.Join(st, "\n  "), hint)
 		}
 		runtime.Gosched()
 	}

@@ -44,6 +44,13 @@ type Options struct {
 	// Without it buffers carry MemHandle 0, which a transport over sockets
 	// or shared memory accepts.
 	Register bool
+	// PostsDoTheNICsWork turns off the data-path timing check, for a
+	// provider that does a NIC's work inside the post itself: Soft-RoCE's
+	// ibv_post_send copies and checksums the whole message in the system
+	// call (about 1 ms per 64 KiB under emulation), which is not a wait the
+	// transport could avoid. Everywhere else a slow Isend, Irecv or Test is a
+	// transport that blocks.
+	PostsDoTheNICsWork bool
 }
 
 func (o *Options) fill() {
@@ -173,6 +180,7 @@ func (s *suite) run(t *testing.T, name string, body func(h *H)) {
 		defer timer.Stop()
 		select {
 		case <-done:
+			h.checkDataPathTiming()
 		case <-timer.C:
 			h.abandon()
 			t.Errorf("hang: subtest still running after %v; it was inside %s\n%s", s.opts.Timeout, h.currentOp(), stack(true))
@@ -211,7 +219,21 @@ type H struct {
 	seed  uint64
 
 	op atomic.Pointer[string]
+
+	// Data-path calls (Isend, Irecv, Test), timed per call: NCCL's progress
+	// thread calls them in a tight loop, so one that waits is a stall even
+	// when it never deadlocks the suite.
+	dp [len(dataPathCalls)]struct{ calls, slow, max atomic.Int64 }
 }
+
+// Data-path timing limits: any single call longer than maxDataPathCall, or
+// most calls of one kind longer than slowDataPathCall, fails the subtest.
+var dataPathCalls = [...]string{"Isend", "Irecv", "SendComm.Test", "RecvComm.Test"}
+
+const (
+	slowDataPathCall = time.Millisecond
+	maxDataPathCall  = time.Second
+)
 
 // Errorf records a failure.
 func (h *H) Errorf(format string, args ...any) {
@@ -306,8 +328,45 @@ func (h *H) call(name string, f func()) {
 	prev := h.op.Load()
 	n := name
 	h.op.Store(&n)
+	k := -1
+	for i, c := range dataPathCalls {
+		if c == name {
+			k = i
+		}
+	}
+	if k < 0 {
+		f()
+		h.op.Store(prev)
+		return
+	}
+	start := time.Now()
 	f()
+	d := int64(time.Since(start))
+	st := &h.dp[k]
+	st.calls.Add(1)
+	if d >= int64(slowDataPathCall) {
+		st.slow.Add(1)
+	}
+	if d > st.max.Load() {
+		st.max.Store(d)
+	}
 	h.op.Store(prev)
+}
+
+// checkDataPathTiming fails the subtest when the transport's data path waited.
+func (h *H) checkDataPathTiming() {
+	if h.suite.opts.PostsDoTheNICsWork {
+		return
+	}
+	for k, name := range dataPathCalls {
+		st := &h.dp[k]
+		calls, slow, maxd := st.calls.Load(), st.slow.Load(), time.Duration(st.max.Load())
+		if maxd > maxDataPathCall {
+			h.Errorf("one %s call took %v: Isend, Irecv and Test run on NCCL's progress thread and must never wait (return nccl.NoRequest or not-done instead)", name, maxd.Round(time.Millisecond))
+		} else if calls >= 100 && slow*2 > calls {
+			h.Errorf("%d of %d %s calls took %v or more (slowest %v): Isend, Irecv and Test run in NCCL's polling loop and must not block, sleep or wait", slow, calls, name, slowDataPathCall, maxd.Round(time.Microsecond))
+		}
+	}
 }
 
 func (h *H) currentOp() string {
