@@ -9,6 +9,9 @@
  * Build-time knobs (CGO_CFLAGS):
  *   NCCL_GO_PLUGIN_NAME   the name NCCL_NET matches (default "Go"); set by
  *                         scripts/build-plugin.sh --name for vendor builds.
+ *                         The glue's own log lines then read "NET/<name> :".
+ *   NCCL_GO_PLUGIN_LIB    the library's name in NCCL's log (the file field;
+ *                         default "libnccl-net-go"), from --out.
  *   NCCL_GO_ONLY_V9_V10   export only ncclNetPlugin_v10 and _v9 (to exercise
  *                         NCCL's adapters for older plugins).
  */
@@ -21,17 +24,34 @@
 #ifndef NCCL_GO_PLUGIN_NAME
 #define NCCL_GO_PLUGIN_NAME "Go"
 #endif
+#ifndef NCCL_GO_PLUGIN_LIB
+#define NCCL_GO_PLUGIN_LIB "libnccl-net-go"
+#endif
 
 #define EXPORT __attribute__((visibility("default")))
 
 /* ---- helpers called from Go ---- */
 
+/* The glue writes its own lines as "NET/Go : ..."; in a vendor's library
+ * (built with another --name) they carry that name instead, so that its users
+ * see one plugin, not two. */
+static const char gluePrefix[] = "NET/Go : ";
+
 void ncclGoLog(ncclDebugLogger_t fn, int level, unsigned long flags, const char* msg) {
+  const char* name = "";
+  if (strcmp(NCCL_GO_PLUGIN_NAME, "Go") != 0 && strncmp(msg, gluePrefix, sizeof gluePrefix - 1) == 0) {
+    name = NCCL_GO_PLUGIN_NAME;
+    msg += sizeof gluePrefix - 1;
+  }
   if (fn == NULL) {
-    if (level == NCCL_LOG_WARN) fprintf(stderr, "NCCL WARN %s\n", msg);
+    if (level == NCCL_LOG_WARN) fprintf(stderr, "NCCL WARN %s%s%s%s\n", name[0] ? "NET/" : "", name, name[0] ? " : " : "", msg);
     return;
   }
-  fn((ncclDebugLogLevel)level, flags, "libnccl-net-go", 0, "%s", msg);
+  if (name[0]) {
+    fn((ncclDebugLogLevel)level, flags, NCCL_GO_PLUGIN_LIB, 0, "NET/%s : %s", name, msg);
+  } else {
+    fn((ncclDebugLogLevel)level, flags, NCCL_GO_PLUGIN_LIB, 0, "%s", msg);
+  }
 }
 
 /* Event descriptor handed to NCCL's profiler as extData (docs/metrics.md). It is

@@ -29,7 +29,9 @@ case "$name" in *[!A-Za-z0-9_.+-]*|"") echo "build-plugin: --name must be [A-Za-
 root="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$(dirname "$out")"
 export CGO_ENABLED=1
-export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -DNCCL_GO_PLUGIN_NAME=\"$name\" $only"
+lib=$(basename "$out" .so)
+case "$lib" in *[!A-Za-z0-9_.+-]*|"") echo "build-plugin: --out must name a file of [A-Za-z0-9_.+-]+ (libnccl-net-<x>.so)" >&2; exit 2 ;; esac
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -DNCCL_GO_PLUGIN_NAME=\"$name\" -DNCCL_GO_PLUGIN_LIB=\"$lib\" $only"
 # -z nodelete: NCCL 2.28+ dlclose()s plugins; a Go runtime cannot be unloaded.
 # --version-script: export only the plugin tables.
 ldextra=""

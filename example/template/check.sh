@@ -27,6 +27,13 @@ go test ./...
 # Step 4: build the plugin library.
 "$repo/scripts/build-plugin.sh" --name MyFabric --out build/libnccl-net-myfabric.so ./cmd/libnccl-net-myfabric
 # Step 5: check that it loads.
-"$loadcheck" build/libnccl-net-myfabric.so
+NCCL_DEBUG=INFO "$loadcheck" build/libnccl-net-myfabric.so 2>build/loadcheck.log || { cat build/loadcheck.log >&2; exit 1; }
+cat build/loadcheck.log >&2
+# The glue's own lines speak with the vendor's name and library, not ours.
+grep -q '^loadcheck: plugin INFO (libnccl-net-myfabric): NET/MyFabric : libnccl-net-go ' build/loadcheck.log ||
+  { echo "template-check: the glue's init line does not read 'NET/MyFabric : ...' from libnccl-net-myfabric" >&2; exit 1; }
+if grep -q 'NET/Go :' build/loadcheck.log; then
+  echo "template-check: a glue line still reads 'NET/Go :' in the vendor's library" >&2; exit 1
+fi
 nm -D --defined-only build/libnccl-net-myfabric.so | grep ' ncclNetPlugin_v12$' >/dev/null
 echo "template-check: the template builds into a loadable plugin following docs/extending.md"

@@ -11,11 +11,11 @@
 #include "net.h"
 
 static void logfn(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
-  (void)flags, (void)file, (void)line;
+  (void)flags, (void)line;
   if (level > NCCL_LOG_INFO) return;
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "loadcheck: plugin %s: ", level == NCCL_LOG_WARN ? "WARN" : "INFO");
+  fprintf(stderr, "loadcheck: plugin %s (%s): ", level == NCCL_LOG_WARN ? "WARN" : "INFO", file ? file : "?");
   vfprintf(stderr, fmt, ap);
   fputc('\n', stderr);
   va_end(ap);
