@@ -93,7 +93,8 @@ func TestInitFallsBackWithErrNoDevice(t *testing.T) {
 
 // libibverbsInstalled is whether the loader finds rdma-core's soname.
 func libibverbsInstalled() bool {
-	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu"} {
+	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib",
+		"/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu"} {
 		if _, err := os.Stat(dir + "/libibverbs.so.1"); err == nil {
 			return true
 		}

@@ -256,8 +256,20 @@ func basePortProblem(base int64, rank int) string {
 	return ""
 }
 
+// checkJob is Job's rule for one job-id variable as a registry check.
+func checkJob(v string) ncclenv.Verdict {
+	if len(v) > maxJobLabel || !utf8.ValidString(v) {
+		return ncclenv.Verdict{Used: "none", Invalid: true,
+			Why: fmt.Sprintf("not UTF-8 of at most %d bytes; the plugin skips it (the next job-id variable, else no nccl_job label)", maxJobLabel)}
+	}
+	return ncclenv.Verdict{Used: v}
+}
+
 func init() {
 	ncclenv.SetCheck(envPort, checkPort)
+	for _, v := range settingJob {
+		ncclenv.SetCheck(v.Name(), checkJob)
+	}
 	for _, v := range settingLocalRank {
 		ncclenv.SetCheck(v.Name(), func(raw string) ncclenv.Verdict {
 			_, vd := checkNonNegative(raw, "the plugin skips it (the next local-rank variable, else 0)")

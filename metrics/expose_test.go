@@ -22,6 +22,7 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
 )
 
 var testInfo = Info{PluginVersion: "test", APIVersion: "v12", Transport: "socket"}
@@ -508,4 +509,20 @@ func TestJobLabelOnEverySeries(t *testing.T) {
 			}
 		})
 	}
+}
+
+// `ncclnet-go env` reports a job id the plugin skips, as the plugin reads it.
+func TestJobCheckAgreesWithJob(t *testing.T) {
+	for _, name := range []string{"NCCL_GO_METRICS_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"} {
+		v, ok := ncclenv.Check(name, strings.Repeat("j", maxJobLabel+1))
+		require.True(t, ok, name)
+		assert.True(t, v.Invalid, "%s: %+v", name, v)
+		assert.Contains(t, v.Why, "the plugin skips it")
+		v, ok = ncclenv.Check(name, "4711")
+		require.True(t, ok, name)
+		assert.True(t, v.OK(), "%s: %+v", name, v)
+		assert.Equal(t, "4711", v.Used)
+	}
+	v, _ := ncclenv.Check("NCCL_GO_METRICS_JOB", "\xff\xfe")
+	assert.True(t, v.Invalid, "not UTF-8: %+v", v)
 }

@@ -36,8 +36,9 @@
 // once, as NCCL reuses it; Irecv's bufs slice is overwritten as soon as the
 // call returns, as the glue reuses its own; a request id handed out again
 // before Test reported it done or failed is a failure; and so is a data-path
-// call (Isend, Irecv, Test) over 1 s, or most calls of one kind taking 1 ms or
-// more (a wait that does not deadlock the suite is still a stall in NCCL).
+// call (Isend, Irecv, Test) over 5 s, or most calls of one kind taking 1 ms or
+// more in a subtest that made at least 100 of them (a wait that does not
+// deadlock the suite is still a stall in NCCL).
 //
 // Buffers are memory outside the Go heap (mmap), handed over as the address of
 // their first byte, the way NCCL hands over C or GPU memory: a transport may

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -35,6 +36,9 @@ type memTransport struct {
 	leakGoroutine    bool // each comm starts a goroutine that Close never stops
 	onceGlobal       bool // process-wide state set up once (sync.Once) and torn down by Finalize
 	ignorePeerClose  bool // a receive the closed sender never fills stays "not done" for ever
+	keepBufs         bool // Irecv keeps the caller's bufs slice instead of copying it
+	reuseID          bool // Isend hands out request 0 again while it is pending
+	slowTest         bool // every SendComm.Test sleeps 2 ms
 
 	// zeroDefaults leaves zero the Properties fields whose zero nccl.Properties
 	// documents as a default the glue fills: not a fault.
@@ -157,6 +161,7 @@ type memSendReq struct {
 
 type memRecvReq struct {
 	bufs   [8]nccl.RecvBuffer
+	kept   []nccl.RecvBuffer
 	n      int
 	filled [8]bool
 	sizes  [8]int
@@ -186,7 +191,11 @@ func (c *memConn) progress() {
 		r := &c.recvs[c.recvQ[0]]
 		slot := -1
 		for i := 0; i < r.n; i++ {
-			if !r.filled[i] && (c.t.fifoBroken || r.bufs[i].Tag == s.tag) {
+			tag := r.bufs[i].Tag
+			if r.kept != nil {
+				tag = r.kept[i].Tag
+			}
+			if !r.filled[i] && (c.t.fifoBroken || tag == s.tag) {
 				slot = i
 				break
 			}
@@ -195,6 +204,9 @@ func (c *memConn) progress() {
 			return
 		}
 		b := r.bufs[slot]
+		if r.kept != nil {
+			b = r.kept[slot]
+		}
 		n := s.size
 		if n > b.Size && c.t.groupedTrunc && r.n > 1 {
 			// write the whole message, report success
@@ -233,6 +245,9 @@ func (s *memSend) Isend(data unsafe.Pointer, size, tag int, mh nccl.MemHandle) (
 			c.sends[i] = memSendReq{data: data, size: size, tag: tag, inUse: true}
 			c.sendQ = append(c.sendQ, i)
 			c.progress()
+			if c.t.reuseID && i == 1 && c.sends[0].inUse {
+				return nccl.Request(0), nil
+			}
 			return nccl.Request(i), nil
 		}
 	}
@@ -241,6 +256,9 @@ func (s *memSend) Isend(data unsafe.Pointer, size, tag int, mh nccl.MemHandle) (
 
 func (s *memSend) Test(r nccl.Request) (bool, int, error) {
 	c := s.c
+	if c.t.slowTest {
+		time.Sleep(2 * time.Millisecond)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.progress()
@@ -271,6 +289,9 @@ func (r *memRecv) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 		if !c.recvs[i].inUse {
 			q := memRecvReq{n: len(bufs), inUse: true}
 			copy(q.bufs[:], bufs)
+			if c.t.keepBufs {
+				q.kept = bufs
+			}
 			c.recvs[i] = q
 			c.recvQ = append(c.recvQ, i)
 			c.progress()

@@ -59,6 +59,9 @@ var faults = map[string]struct {
 		"Close and Finalize must stop what the transport started", "ConnectAlternating|Finalize|GoroutinesAfterFinalize"},
 	"ignorePeerClose": {func() *memTransport { return &memTransport{ignorePeerClose: true} }, "SenderClosedFailsPending",
 		"not done and no error", ""},
+	"keepBufs": {func() *memTransport { return &memTransport{keepBufs: true} }, "GroupedDistinctTags", "if Irecv keeps its bufs slice", ""},
+	"reuseID":  {func() *memTransport { return &memTransport{reuseID: true} }, "Sizes", "which send 0 still holds", ""},
+	"slowTest": {func() *memTransport { return &memTransport{slowTest: true} }, "InFlight", "calls took 1ms or more", ""},
 	"onceGlobal": {func() *memTransport { return &memTransport{onceGlobal: true} }, "InitAgainAfterFinalize",
 		"fabric already shut down", "Finalize|InitAgainAfterFinalize"},
 }
