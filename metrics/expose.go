@@ -155,7 +155,7 @@ func Job(log nccl.Logger) string {
 		if j == "" || (v.Name() == "TORCHELASTIC_RUN_ID" && j == "none") {
 			continue
 		}
-		if len(j) > maxJobLabel || !utf8.ValidString(j) {
+		if !usableJobID(j) {
 			log.Warnf("NET/Go : metrics: ignoring %s for the nccl_job label: not UTF-8 of at most %d bytes; set %s to the job's id", v.Name(), maxJobLabel, envJob)
 			continue
 		}
@@ -256,9 +256,12 @@ func basePortProblem(base int64, rank int) string {
 	return ""
 }
 
+// usableJobID is the rule a job id meets to become the nccl_job label.
+func usableJobID(j string) bool { return len(j) <= maxJobLabel && utf8.ValidString(j) }
+
 // checkJob is Job's rule for one job-id variable as a registry check.
 func checkJob(v string) ncclenv.Verdict {
-	if len(v) > maxJobLabel || !utf8.ValidString(v) {
+	if !usableJobID(v) {
 		return ncclenv.Verdict{Used: "none", Invalid: true,
 			Why: fmt.Sprintf("not UTF-8 of at most %d bytes; the plugin skips it (the next job-id variable, else no nccl_job label)", maxJobLabel)}
 	}
