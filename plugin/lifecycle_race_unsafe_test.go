@@ -70,20 +70,24 @@ func TestInitDoesNotCloseCommsAnotherThreadStillUses(t *testing.T) {
 	netFinalize(ctx2)
 }
 
-type slowListen struct {
+// gatedListen tells the test when a listen has entered the transport, and
+// with a release channel holds it there until the test lets it go.
+type gatedListen struct {
 	*hookTransport
-	entered, release chan struct{}
+	entered, release chan struct{} // release nil: do not wait
 }
 
-func (s *slowListen) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
-	close(s.entered)
-	<-s.release
+func (s *gatedListen) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
+	s.entered <- struct{}{}
+	if s.release != nil {
+		<-s.release
+	}
 	return s.hookTransport.Listen(dev, h)
 }
 
 // finalize(ctx) racing a listen under ctx on the service thread.
 func TestListenRacingItsContextsFinalizeLeavesNothingOpen(t *testing.T) {
-	s := &slowListen{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "slowlisten", devs: 1}},
+	s := &gatedListen{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "slowlisten", devs: 1}},
 		entered: make(chan struct{}), release: make(chan struct{})}
 	setup(t, map[string]string{"NCCL_GO_TRANSPORT": registerHook(t, s)})
 	a, res := netInit(12, true, -1)
@@ -106,20 +110,11 @@ func TestListenRacingItsContextsFinalizeLeavesNothingOpen(t *testing.T) {
 
 // From the re-review: a listen racing its context's finalize, with and
 // without hooks, and the restart's early return.
-type signalListen struct {
-	*hookTransport
-	entered chan struct{}
-}
-
-func (s *signalListen) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
-	s.entered <- struct{}{}
-	return s.hookTransport.Listen(dev, h)
-}
 
 // No hooks: listen under a racing finalize(a), repeated; -race reports
 // finalizeListens reading e.slot/e.gen that register writes after comms.Add.
 func TestListenAndItsContextsFinalizeRaceCleanly(t *testing.T) {
-	s := &signalListen{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "rv2race", devs: 1}}, entered: make(chan struct{})}
+	s := &gatedListen{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "rv2race", devs: 1}}, entered: make(chan struct{})}
 	setup(t, map[string]string{"NCCL_GO_TRANSPORT": registerHook(t, s)})
 	b, res := netInit(12, true, -1)
 	require.Equal(t, nccl.Success, res)
