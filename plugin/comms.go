@@ -355,16 +355,25 @@ func (s *handleSet) take(h uintptr) bool {
 	return true
 }
 
-// closeQuietly closes e unless another caller got there first (finalize's
-// sweep of its listen comms against a racing listen or close).
+// closeQuietly closes the listen comm e unless another caller got there
+// first (finalize's sweep of its listen comms against a racing listen or
+// close).
 func closeQuietly(e *commEntry, r slots.Ref, call string) bool {
 	t, err := acquire()
 	if err != nil {
 		return false
 	}
 	defer state.mu.RUnlock()
+	return closeLeftListen(t, e, r, call)
+}
+
+// closeLeftListen closes a listen comm NCCL left open and that the glue
+// closes itself (a context's finalize, the restart), remembering its handle
+// for a closeListen NCCL may still send (state.mu held, shared or
+// exclusively).
+func closeLeftListen(t nccl.Transport, e *commEntry, r slots.Ref, call string) bool {
 	closed, _ := removeAndClose(t, e, r, call)
-	if closed && e.tag == tagListen {
+	if closed {
 		closedListens.add(commHandle(e.tag, r.Gen, r.Slot))
 	}
 	return closed

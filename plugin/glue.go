@@ -325,8 +325,7 @@ func restartLocked() {
 	n := 0
 	comms.Range(func(r slots.Ref, e *commEntry) bool {
 		if e.tag == tagListen {
-			if closed, _ := removeAndClose(state.transport, e, r, closeCall(e.tag)); closed {
-				closedListens.add(commHandle(e.tag, r.Gen, r.Slot))
+			if closeLeftListen(state.transport, e, r, closeCall(e.tag)) {
 				n++
 			}
 		}
