@@ -12,7 +12,7 @@ import (
 // what Options.Skip and `go test -run` select.
 var cases = []struct {
 	name string
-	body func(h *H)
+	body func(h *subtest)
 }{
 	{"Properties", testProperties},
 	{"ConnectAlternating", testConnect},
@@ -39,7 +39,7 @@ var cases = []struct {
 	{"SenderClosedFailsPending", testSenderClosedFailsPending},
 }
 
-func testProperties(h *H) {
+func testProperties(h *subtest) {
 	tr := h.suite.tr
 	var n int
 	h.call("Devices", func() { n = tr.Devices() })
@@ -53,9 +53,9 @@ func testProperties(h *H) {
 		var p nccl.Properties
 		var err error
 		h.call("Properties", func() { p, err = tr.Properties(d) })
-		h.NoError(err, "Properties(%d)", d)
+		h.noError(err, "Properties(%d)", d)
 		bad := func(format string, args ...any) {
-			h.Errorf("device %d (%q): %s", d, p.Name, fmt.Sprintf(format, args...))
+			h.errorf("device %d (%q): %s", d, p.Name, fmt.Sprintf(format, args...))
 		}
 		if p.Name == "" {
 			bad("empty Name (NCCL uses it as the topology key)")
@@ -88,13 +88,13 @@ func testProperties(h *H) {
 		var err error
 		h.call("Properties", func() { _, err = tr.Properties(d) })
 		if err == nil {
-			h.Errorf("Properties(%d) with %d devices succeeded; an out-of-range device must be an error", d, n)
+			h.errorf("Properties(%d) with %d devices succeeded; an out-of-range device must be an error", d, n)
 		}
 		var hd nccl.Handle
 		var l nccl.Listener
 		h.call("Listen", func() { l, err = tr.Listen(d, &hd) })
 		if err == nil {
-			h.Errorf("Listen(%d) with %d devices succeeded; an out-of-range device must be an error", d, n)
+			h.errorf("Listen(%d) with %d devices succeeded; an out-of-range device must be an error", d, n)
 			if l != nil {
 				h.closeBounded("Listener.Close", l.Close)
 			}
@@ -102,7 +102,7 @@ func testProperties(h *H) {
 	}
 }
 
-func testConnect(h *H) {
+func testConnect(h *subtest) {
 	// connect alternates Connect and Accept from this goroutine; a transport
 	// that waits in either deadlocks here and the deadline reports it.
 	for i := 0; i < 3; i++ {
@@ -112,27 +112,27 @@ func testConnect(h *H) {
 	}
 }
 
-func testListenerClose(h *H) {
+func testListenerClose(h *subtest) {
 	var hd nccl.Handle
 	var l nccl.Listener
 	var err error
 	h.call("Listen", func() { l, err = h.suite.tr.Listen(h.suite.opts.Dev, &hd) })
-	h.NoError(err, "Listen")
+	h.noError(err, "Listen")
 	if l == nil {
 		h.fatalf("Listen returned a nil listener and no error")
 	}
 	for i := 0; i < 3; i++ {
 		var r nccl.RecvComm
 		h.call("Accept", func() { r, err = l.Accept() })
-		h.NoError(err, "Accept with no connector")
+		h.noError(err, "Accept with no connector")
 		if r != nil {
-			h.Errorf("Accept returned a comm although nobody connected")
+			h.errorf("Accept returned a comm although nobody connected")
 		}
 	}
 	h.closeBounded("Listener.Close", l.Close)
 }
 
-func testZeroByte(h *H) {
+func testZeroByte(h *subtest) {
 	p := h.connect()
 	var gs []group
 	for i := 0; i < 16; i++ {
@@ -163,7 +163,7 @@ func sizeList(max int) []int {
 	return out
 }
 
-func testSizes(h *H) {
+func testSizes(h *subtest) {
 	p := h.connect()
 	var gs []group
 	for _, s := range sizeList(h.suite.opts.MaxSize) {
@@ -175,7 +175,7 @@ func testSizes(h *H) {
 	h.pump(f)
 }
 
-func testRecvLarger(h *H) {
+func testRecvLarger(h *subtest) {
 	p := h.connect()
 	max := h.suite.opts.MaxSize
 	var gs []group
@@ -193,7 +193,7 @@ func testRecvLarger(h *H) {
 // (header-sized) and a large message. The receive must fail with
 // InvalidUsage, nothing may be written past the buffer, and the sender must
 // finish one way or the other once the receiver gives up on the connection.
-func testTruncation(h *H) {
+func testTruncation(h *subtest) {
 	cases := []struct{ capacity, size int }{{8, 100}, {0, 1}, {64 << 10, 64<<10 + 1}, {1 << 20, 4 << 20}}
 	for _, c := range cases {
 		if c.size > h.suite.opts.MaxSize {
@@ -212,7 +212,7 @@ func testTruncation(h *H) {
 // truncate posts one receive of len(caps) buffers (tags 7, 8, ...) and one
 // send per buffer of sizes[i] bytes with its tag; some send is larger than its
 // buffer.
-func truncate(h *H, caps, sizes []int) {
+func truncate(h *subtest, caps, sizes []int) {
 	name := fmt.Sprintf("send %v bytes into receive buffers of %v bytes", sizes, caps)
 	if len(caps) == 1 {
 		name = fmt.Sprintf("send %d bytes into a %d-byte receive", sizes[0], caps[0])
@@ -223,17 +223,17 @@ func truncate(h *H, caps, sizes []int) {
 	bufs := make([]nccl.RecvBuffer, n)
 	sendBufs := make([]*buffer, n)
 	for i := range caps {
-		rb := h.buffer(p.Recv, caps[i]+guard)
+		rb := h.buffer(p.recv, caps[i]+guard)
 		mems[i] = rb.b
 		fillSentinel(rb.b)
 		bufs[i] = nccl.RecvBuffer{Data: rb.ptr(), Size: caps[i], Tag: 7 + i, MH: rb.mh}
-		sendBufs[i] = h.buffer(p.Send, sizes[i])
+		sendBufs[i] = h.buffer(p.send, sizes[i])
 		fillPattern(sendBufs[i].b, h.nextSeed())
 	}
 	checkGuards := func(when string) {
 		for i := range caps {
 			if err := checkSentinel(mems[i], caps[i]); err != nil {
-				h.Errorf("%s: memory past the receive buffer was written%s (buffer %d): %v", name, when, i, err)
+				h.errorf("%s: memory past the receive buffer was written%s (buffer %d): %v", name, when, i, err)
 			}
 		}
 	}
@@ -258,24 +258,24 @@ func truncate(h *H, caps, sizes []int) {
 	testSends := func() {
 		for i, r := range sreqs {
 			if r != nccl.NoRequest && !sendDone[i] && sendErr[i] == nil {
-				h.call("SendComm.Test", func() { sendDone[i], _, sendErr[i] = p.Send.Test(r) })
+				h.call("SendComm.Test", func() { sendDone[i], _, sendErr[i] = p.send.Test(r) })
 			}
 		}
 	}
 	for {
 		if rreq == nccl.NoRequest {
-			h.call("Irecv", func() { rreq, err = p.Recv.Irecv(bufs) })
-			h.NoError(err, "%s: Irecv", name)
+			h.call("Irecv", func() { rreq, err = p.recv.Irecv(bufs) })
+			h.noError(err, "%s: Irecv", name)
 		}
 		for i := range sreqs {
 			if sreqs[i] == nccl.NoRequest {
-				h.call("Isend", func() { sreqs[i], err = p.Send.Isend(sendBufs[i].ptr(), sizes[i], 7+i, sendBufs[i].mh) })
-				h.NoError(err, "%s: Isend %d", name, i)
+				h.call("Isend", func() { sreqs[i], err = p.send.Isend(sendBufs[i].ptr(), sizes[i], 7+i, sendBufs[i].mh) })
+				h.noError(err, "%s: Isend %d", name, i)
 			}
 		}
 		if rreq != nccl.NoRequest {
 			var done bool
-			h.call("RecvComm.Test", func() { done, rerr = p.Recv.Test(rreq, got) })
+			h.call("RecvComm.Test", func() { done, rerr = p.recv.Test(rreq, got) })
 			if rerr != nil {
 				break
 			}
@@ -290,13 +290,13 @@ func truncate(h *H, caps, sizes []int) {
 		runtime.Gosched()
 	}
 	if got := nccl.ResultOf(rerr); got != nccl.InvalidUsage {
-		h.Errorf("%s: receive failed with %v (%v), want %v", name, rerr, got, nccl.InvalidUsage)
+		h.errorf("%s: receive failed with %v (%v), want %v", name, rerr, got, nccl.InvalidUsage)
 	}
 	checkGuards("")
 	// NCCL aborts the communicator after such an error: the receiving end is
 	// closed, and the sending end must then finish (done or an error) so that
 	// its proxy does not spin forever.
-	h.closeComm("RecvComm.Close", p.Recv)
+	h.closeComm("RecvComm.Close", p.recv)
 	p.recvClosed = true
 	for !sendsOver() {
 		testSends()
@@ -314,7 +314,7 @@ func truncate(h *H, caps, sizes []int) {
 	h.closePair(p)
 }
 
-func (h *H) needGroups() int {
+func (h *subtest) needGroups() int {
 	n := h.maxRecvs()
 	if n < 2 {
 		h.skip("the device reports MaxRecvs = %d: grouped receives do not apply", n)
@@ -337,7 +337,7 @@ func groupedRounds(n int, fill func(g *group, sizes []int, round int)) []group {
 	return gs
 }
 
-func testGroupedDistinct(h *H) {
+func testGroupedDistinct(h *subtest) {
 	n := h.needGroups()
 	p := h.connect()
 	gs := groupedRounds(n, func(g *group, sizes []int, round int) {
@@ -353,7 +353,7 @@ func testGroupedDistinct(h *H) {
 	h.pump(h.newFlow("grouped, distinct tags", p, gs))
 }
 
-func testGroupedEqual(h *H) {
+func testGroupedEqual(h *subtest) {
 	n := h.needGroups()
 	p := h.connect()
 	// NCCL passes the sender's rank as the tag of every buffer of a group
@@ -381,7 +381,7 @@ func testGroupedEqual(h *H) {
 // must not report done unless its data is safe (NCCL then reuses the buffer,
 // which the driver scribbles over), and the request it used must not be
 // handed out again while the group still needs it.
-func testGroupedOneAtATime(h *H) {
+func testGroupedOneAtATime(h *subtest) {
 	n := h.needGroups()
 	p := h.connect()
 	gs := groupedRounds(n, func(g *group, sizes []int, round int) {
@@ -400,7 +400,7 @@ func testGroupedOneAtATime(h *H) {
 	h.pump(f)
 }
 
-func testFIFO(h *H) {
+func testFIFO(h *subtest) {
 	p := h.connect()
 	var gs []group
 	sizes := []int{3, 5000, 0, 1 << 20, 17, 70000, 128, 129, 2 << 20, 1}
@@ -413,7 +413,7 @@ func testFIFO(h *H) {
 	h.pump(h.newFlow("FIFO", p, gs))
 }
 
-func testSendBeforeRecv(h *H) {
+func testSendBeforeRecv(h *subtest) {
 	p := h.connect()
 	var gs []group
 	for _, s := range []int{8, 0, 1 << 20, 4096, 3 << 20, 64} {
@@ -426,7 +426,7 @@ func testSendBeforeRecv(h *H) {
 	h.pump(f)
 }
 
-func testInFlight(h *H) {
+func testInFlight(h *subtest) {
 	n := h.maxRecvs()
 	p := h.connect()
 	var gs []group
@@ -461,7 +461,7 @@ func mixedGroups(count, seedSize int) []group {
 // request slots (NCCL runs a comm for the whole job): singles first, then
 // grouped receives, so a request that is never recycled after Test reported
 // it done shows as a transfer that stops.
-func testLongLived(h *H) {
+func testLongLived(h *subtest) {
 	p := h.connect()
 	const singles = 2048
 	gs := make([]group, 0, singles+600)
@@ -483,13 +483,13 @@ func testLongLived(h *H) {
 	h.pump(h.newFlow("one long-lived comm", p, gs))
 }
 
-func testBidirectional(h *H) {
+func testBidirectional(h *subtest) {
 	ab := h.connect()
 	ba := h.connect()
 	h.pump(h.newFlow("A to B", ab, mixedGroups(48, 0)), h.newFlow("B to A", ba, mixedGroups(48, 3)))
 }
 
-func testManyComms(h *H) {
+func testManyComms(h *subtest) {
 	var flows []*flow
 	for i := 0; i < 8; i++ {
 		p := h.connect()
@@ -498,36 +498,36 @@ func testManyComms(h *H) {
 	h.pump(flows...)
 }
 
-func testNilSizes(h *H) {
+func testNilSizes(h *subtest) {
 	p := h.connect()
 	f := h.newFlow("Test(sizes=nil)", p, mixedGroups(16, 1))
 	f.nilSizes = true
 	h.pump(f)
 }
 
-func testRegMr(h *H) {
+func testRegMr(h *subtest) {
 	p := h.connect()
 	buf := h.buffer(nil, 1<<20)
 	props := h.props()
 	for _, c := range []struct {
 		name string
 		comm nccl.Comm
-	}{{"SendComm", p.Send}, {"RecvComm", p.Recv}} {
+	}{{"SendComm", p.send}, {"RecvComm", p.recv}} {
 		var mh nccl.MemHandle
 		var err error
 		h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(buf.ptr(), len(buf.b), nccl.PtrHost) })
-		h.NoError(err, "%s.RegMr of host memory", c.name)
+		h.noError(err, "%s.RegMr of host memory", c.name)
 		if mh == 0 {
-			h.Errorf("%s.RegMr returned the zero MemHandle for a successful registration", c.name)
+			h.errorf("%s.RegMr returned the zero MemHandle for a successful registration", c.name)
 		}
 		h.call(c.name+".DeregMr", func() { err = c.comm.DeregMr(mh) })
-		h.NoError(err, "%s.DeregMr", c.name)
+		h.noError(err, "%s.DeregMr", c.name)
 		h.call(c.name+".DeregMr", func() { err = c.comm.DeregMr(0) })
-		h.NoError(err, "%s.DeregMr(0): NCCL deregisters failed registrations too", c.name)
+		h.noError(err, "%s.DeregMr(0): NCCL deregisters failed registrations too", c.name)
 		if props.PtrSupport&nccl.PtrCUDA == 0 {
 			h.call(c.name+".RegMr", func() { mh, err = c.comm.RegMr(buf.ptr(), len(buf.b), nccl.PtrCUDA) })
 			if err == nil {
-				h.Errorf("%s.RegMr(PtrCUDA) succeeded on a device without PtrCUDA support", c.name)
+				h.errorf("%s.RegMr(PtrCUDA) succeeded on a device without PtrCUDA support", c.name)
 			}
 		}
 	}
@@ -535,7 +535,7 @@ func testRegMr(h *H) {
 	h.pump(h.newFlow("after RegMr", p, mixedGroups(8, 2)))
 }
 
-func testRegMrConcurrent(h *H) {
+func testRegMrConcurrent(h *subtest) {
 	p := h.connect()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -550,11 +550,11 @@ func testRegMrConcurrent(h *H) {
 			}
 			mh, err := c.RegMr(buf.ptr(), len(buf.b), nccl.PtrHost)
 			if err != nil {
-				h.Errorf("%s.RegMr concurrent with the data path: %v", name, err)
+				h.errorf("%s.RegMr concurrent with the data path: %v", name, err)
 				return
 			}
 			if err := c.DeregMr(mh); err != nil {
-				h.Errorf("%s.DeregMr concurrent with the data path: %v", name, err)
+				h.errorf("%s.DeregMr concurrent with the data path: %v", name, err)
 				return
 			}
 			runtime.Gosched()
@@ -563,15 +563,15 @@ func testRegMrConcurrent(h *H) {
 	wg.Add(2)
 	// NCCL's service thread registers user buffers while the progress thread
 	// is inside Isend/Irecv/Test on the same comm.
-	go reg(p.Send, "SendComm")
-	go reg(p.Recv, "RecvComm")
+	go reg(p.send, "SendComm")
+	go reg(p.recv, "RecvComm")
 	func() {
 		defer func() { close(stop); wg.Wait() }()
 		h.pump(h.newFlow("data path during RegMr", p, mixedGroups(64, 5)))
 	}()
 }
 
-func testConcurrentSetup(h *H) {
+func testConcurrentSetup(h *subtest) {
 	// NCCL sets up connections from one service thread per communicator, so
 	// Listen/Connect/Accept run concurrently on one transport.
 	const workers = 4
@@ -592,7 +592,7 @@ func testConcurrentSetup(h *H) {
 // testCloseOutstanding closes comms with receives that nothing will fill,
 // sends nobody receives, and a large transfer cut in the middle (what
 // ncclCommAbort does), then checks that the transport still works.
-func testCloseOutstanding(h *H) {
+func testCloseOutstanding(h *subtest) {
 	big := min(h.suite.opts.MaxSize, 64<<20)
 
 	idleRecv := h.connect()
@@ -615,7 +615,7 @@ func testCloseOutstanding(h *H) {
 		fm.step()
 	}
 
-	for _, p := range []*Pair{idleRecv, idleSend, mid} {
+	for _, p := range []*pair{idleRecv, idleSend, mid} {
 		h.closePair(p)
 	}
 	if h.failed() {
@@ -632,7 +632,7 @@ func testCloseOutstanding(h *H) {
 				continue
 			}
 			if err := checkSentinel(m.b, 0); err != nil {
-				h.Errorf("receive %d buffer %d of a closed comm (nothing was sent to it) was written after its comm was closed: %v", i, b, err)
+				h.errorf("receive %d buffer %d of a closed comm (nothing was sent to it) was written after its comm was closed: %v", i, b, err)
 			}
 		}
 	}
@@ -642,7 +642,7 @@ func testCloseOutstanding(h *H) {
 // done, while the receiver is still reading: a completed send means the
 // buffer is free, and the messages must still arrive (NCCL tears down the
 // sending proxy independently of the receiving one).
-func testSenderClosesFirst(h *H) {
+func testSenderClosesFirst(h *subtest) {
 	for round := 0; round < 3; round++ {
 		p := h.connect()
 		gs := mixedGroups(24, round)
@@ -659,7 +659,7 @@ func testSenderClosesFirst(h *H) {
 			runtime.Gosched()
 		}
 		p.sendClosed = true
-		h.closeComm("SendComm.Close", p.Send)
+		h.closeComm("SendComm.Close", p.send)
 		h.pump(f)
 		h.closePair(p)
 	}
@@ -671,7 +671,7 @@ func testSenderClosesFirst(h *H) {
 // stay "not done" for ever: NCCL's proxy would wait on it until the job's
 // own timeout. What was sent before the close still arrives
 // (SenderClosesFirst), so this sends a few messages first.
-func testSenderClosedFailsPending(h *H) {
+func testSenderClosedFailsPending(h *subtest) {
 	p := h.connect()
 	h.pump(h.newFlow("before the close", p, mixedGroups(4, 0)))
 	orphan := h.newFlow("receives the closed sender never fills", p, []group{single(8, 8), single(1<<20, 1<<20)})
@@ -683,17 +683,17 @@ func testSenderClosedFailsPending(h *H) {
 		return
 	}
 	p.sendClosed = true
-	h.closeComm("SendComm.Close", p.Send)
+	h.closeComm("SendComm.Close", p.send)
 	for i, ro := range orphan.recvs[:orphan.nextR] {
 		for {
 			var done bool
 			var err error
-			h.call("RecvComm.Test", func() { done, err = p.Recv.Test(ro.req, ro.sizes) })
+			h.call("RecvComm.Test", func() { done, err = p.recv.Test(ro.req, ro.sizes) })
 			if err != nil {
 				break
 			}
 			if done {
-				h.Errorf("receive %d reported done, but the sender closed without sending to it", i)
+				h.errorf("receive %d reported done, but the sender closed without sending to it", i)
 				break
 			}
 			if h.expired() {

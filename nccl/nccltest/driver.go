@@ -20,10 +20,10 @@ const (
 	poisonTag = -0x5eed
 )
 
-// Pair is one connection: the sending end and the receiving end.
-type Pair struct {
-	Send nccl.SendComm
-	Recv nccl.RecvComm
+// pair is one connection: the sending end and the receiving end.
+type pair struct {
+	send nccl.SendComm
+	recv nccl.RecvComm
 
 	sendClosed, recvClosed bool
 }
@@ -31,13 +31,13 @@ type Pair struct {
 // connect sets up one connection on the suite's device, calling Listen, then
 // Connect and Accept alternately from this goroutine, as NCCL's GDR probe and
 // bootstrap do. Closing is registered as cleanup (bounded by CloseTimeout).
-func (h *H) connect() *Pair {
+func (h *subtest) connect() *pair {
 	tr, dev := h.suite.tr, h.suite.opts.Dev
 	var lh nccl.Handle
 	var l nccl.Listener
 	var err error
 	h.call("Listen", func() { l, err = tr.Listen(dev, &lh) })
-	h.NoError(err, "Listen(dev %d)", dev)
+	h.noError(err, "Listen(dev %d)", dev)
 	if l == nil {
 		h.fatalf("Listen returned a nil listener and no error")
 	}
@@ -50,50 +50,50 @@ func (h *H) connect() *Pair {
 	// NCCL hands the connector its own copy of the handle and passes that
 	// same copy on every retry.
 	ch := lh
-	p := &Pair{}
+	p := &pair{}
 	h.defer_(func() { h.closePair(p) })
 	connects, accepts := 0, 0
-	for p.Send == nil || p.Recv == nil {
-		if p.Send == nil {
+	for p.send == nil || p.recv == nil {
+		if p.send == nil {
 			var s nccl.SendComm
 			h.call("Connect", func() { s, err = tr.Connect(dev, &ch, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef}) })
-			h.NoError(err, "Connect (call %d)", connects+1)
+			h.noError(err, "Connect (call %d)", connects+1)
 			connects++
-			p.Send = s
+			p.send = s
 		}
-		if p.Recv == nil {
+		if p.recv == nil {
 			var r nccl.RecvComm
 			h.call("Accept", func() { r, err = l.Accept() })
-			h.NoError(err, "Accept (call %d)", accepts+1)
+			h.noError(err, "Accept (call %d)", accepts+1)
 			accepts++
-			p.Recv = r
+			p.recv = r
 		}
 		if h.expired() {
 			h.fatalf("connection set-up did not finish before the deadline: Connect done=%v after %d calls, Accept done=%v after %d calls",
-				p.Send != nil, connects, p.Recv != nil, accepts)
+				p.send != nil, connects, p.recv != nil, accepts)
 		}
 		runtime.Gosched()
 	}
 	listenClosed = true
 	h.call("Listener.Close", func() { err = l.Close() })
-	h.NoError(err, "Listener.Close after a successful Accept")
+	h.noError(err, "Listener.Close after a successful Accept")
 	return p
 }
 
 // closePair closes both ends if still open, each bounded by CloseTimeout.
-func (h *H) closePair(p *Pair) {
-	if p.Send != nil && !p.sendClosed {
+func (h *subtest) closePair(p *pair) {
+	if p.send != nil && !p.sendClosed {
 		p.sendClosed = true
-		h.closeComm("SendComm.Close", p.Send)
+		h.closeComm("SendComm.Close", p.send)
 	}
-	if p.Recv != nil && !p.recvClosed {
+	if p.recv != nil && !p.recvClosed {
 		p.recvClosed = true
-		h.closeComm("RecvComm.Close", p.Recv)
+		h.closeComm("RecvComm.Close", p.recv)
 	}
 }
 
 // closeComm deregisters the test's buffers on c, then closes it (bounded).
-func (h *H) closeComm(name string, c nccl.Comm) {
+func (h *subtest) closeComm(name string, c nccl.Comm) {
 	h.deregOn(c)
 	h.closeBounded(name, c.Close)
 }
@@ -101,7 +101,7 @@ func (h *H) closeComm(name string, c nccl.Comm) {
 // closeBounded calls f and fails the subtest (without waiting further) when it
 // does not return within CloseTimeout: NCCL calls close during
 // ncclCommAbort, when the peer may be gone, and must not hang there.
-func (h *H) closeBounded(name string, f func() error) {
+func (h *subtest) closeBounded(name string, f func() error) {
 	done := make(chan error, 1)
 	n := name
 	h.op.Store(&n)
@@ -111,10 +111,10 @@ func (h *H) closeBounded(name string, f func() error) {
 	select {
 	case err := <-done:
 		if err != nil {
-			h.Errorf("%s: %v", name, err)
+			h.errorf("%s: %v", name, err)
 		}
 	case <-t.C:
-		h.Errorf("%s did not return within %v (it must not wait for the peer or for outstanding requests)", name, h.suite.opts.CloseTimeout)
+		h.errorf("%s did not return within %v (it must not wait for the peer or for outstanding requests)", name, h.suite.opts.CloseTimeout)
 	}
 	e := ""
 	h.op.Store(&e)
@@ -250,9 +250,9 @@ type sendOp struct {
 // tests everything outstanding, never waiting: several flows are stepped in
 // turn from one goroutine.
 type flow struct {
-	h      *H
+	h      *subtest
 	name   string
-	p      *Pair
+	p      *pair
 	groups []group
 
 	recvs        []*recvOp
@@ -286,7 +286,7 @@ type flow struct {
 	bufs []nccl.RecvBuffer
 }
 
-func (h *H) newFlow(name string, p *Pair, groups []group) *flow {
+func (h *subtest) newFlow(name string, p *pair, groups []group) *flow {
 	f := &flow{h: h, name: name, p: p, groups: groups, maxRecvs: nccl.MaxRequests,
 		maxSends: nccl.MaxRequests * h.maxRecvs()}
 	for gi := range groups {
@@ -323,7 +323,7 @@ func (f *flow) postRecv() {
 	bufs := f.bufs[:len(ro.g.bufs)]
 	for i, b := range ro.g.bufs {
 		if ro.mem[i] == nil {
-			m := f.h.buffer(f.p.Recv, b.cap+guard)
+			m := f.h.buffer(f.p.recv, b.cap+guard)
 			fillSentinel(m.b)
 			ro.mem[i] = m
 		}
@@ -331,14 +331,14 @@ func (f *flow) postRecv() {
 	}
 	var r nccl.Request
 	var err error
-	f.h.call("Irecv", func() { r, err = f.p.Recv.Irecv(bufs) })
+	f.h.call("Irecv", func() { r, err = f.p.recv.Irecv(bufs) })
 	// bufs is only valid during the call (the glue reuses its slice for the
 	// next irecv): poison it, so a transport that kept it instead of copying
 	// sees a zero-byte buffer with a tag no send carries.
 	for i := range bufs {
 		bufs[i] = nccl.RecvBuffer{Size: 0, Tag: poisonTag}
 	}
-	f.h.NoError(err, "%s: Irecv %d (n=%d)", f.name, f.nextR, len(bufs))
+	f.h.noError(err, "%s: Irecv %d (n=%d)", f.name, f.nextR, len(bufs))
 	if r == nccl.NoRequest {
 		return
 	}
@@ -356,13 +356,13 @@ func (f *flow) postSend() {
 	so := f.sends[f.nextS]
 	spec := f.groups[so.g].sends[so.s]
 	if so.data == nil {
-		so.data = f.h.buffer(f.p.Send, spec.size)
+		so.data = f.h.buffer(f.p.send, spec.size)
 		fillPattern(so.data.b, so.seed)
 	}
 	var r nccl.Request
 	var err error
-	f.h.call("Isend", func() { r, err = f.p.Send.Isend(so.data.ptr(), spec.size, spec.tag, so.data.mh) })
-	f.h.NoError(err, "%s: Isend %d (%d bytes, tag %d)", f.name, f.nextS, spec.size, spec.tag)
+	f.h.call("Isend", func() { r, err = f.p.send.Isend(so.data.ptr(), spec.size, spec.tag, so.data.mh) })
+	f.h.noError(err, "%s: Isend %d (%d bytes, tag %d)", f.name, f.nextS, spec.size, spec.tag)
 	if r == nccl.NoRequest {
 		f.noRequest++
 		return
@@ -378,7 +378,7 @@ func (f *flow) postSend() {
 	f.nextS++
 }
 
-func checkRequest(h *H, r nccl.Request, call string) {
+func checkRequest(h *subtest, r nccl.Request, call string) {
 	if r < 0 {
 		h.fatalf("%s returned request %d; requests are non-negative (nccl.NoRequest means retry)", call, r)
 	}
@@ -427,8 +427,8 @@ func (f *flow) step() bool {
 		if f.nilSizes {
 			sizes = nil
 		}
-		h.call("RecvComm.Test", func() { done, err = f.p.Recv.Test(ro.req, sizes) })
-		h.NoError(err, "%s: Test of receive %d", f.name, i)
+		h.call("RecvComm.Test", func() { done, err = f.p.recv.Test(ro.req, sizes) })
+		h.noError(err, "%s: Test of receive %d", f.name, i)
 		if done {
 			ro.done = true
 			f.verifyRecv(i, ro)
@@ -446,12 +446,12 @@ func (f *flow) step() bool {
 			var done bool
 			var n int
 			var err error
-			h.call("SendComm.Test", func() { done, n, err = f.p.Send.Test(so.req) })
-			h.NoError(err, "%s: Test of send %d", f.name, i)
+			h.call("SendComm.Test", func() { done, n, err = f.p.send.Test(so.req) })
+			h.noError(err, "%s: Test of send %d", f.name, i)
 			if done {
 				so.done = true
 				if n != len(so.data.b) {
-					h.Errorf("%s: send %d of %d bytes reported %d bytes sent", f.name, i, len(so.data.b), n)
+					h.errorf("%s: send %d of %d bytes reported %d bytes sent", f.name, i, len(so.data.b), n)
 				}
 				// Done means NCCL may reuse the buffer at once: whatever the
 				// transport still reads from it now is no longer the message
@@ -477,7 +477,7 @@ func (f *flow) verifyRecv(i int, ro *recvOp) {
 		if !f.nilSizes {
 			got = ro.sizes[b]
 			if got != want {
-				h.Errorf("%s: receive %d buffer %d (tag %d, capacity %d): Test reported %d bytes, the sender sent %d",
+				h.errorf("%s: receive %d buffer %d (tag %d, capacity %d): Test reported %d bytes, the sender sent %d",
 					f.name, i, b, ro.g.bufs[b].tag, ro.g.bufs[b].cap, got, want)
 				continue
 			}
@@ -486,16 +486,16 @@ func (f *flow) verifyRecv(i int, ro *recvOp) {
 			continue
 		}
 		if err := checkPattern(ro.mem[b].b[:want], ro.seeds[b]); err != nil {
-			h.Errorf("%s: receive %d buffer %d (tag %d, %d bytes): data corrupt: %v", f.name, i, b, ro.g.bufs[b].tag, want, err)
+			h.errorf("%s: receive %d buffer %d (tag %d, %d bytes): data corrupt: %v", f.name, i, b, ro.g.bufs[b].tag, want, err)
 		}
 		if err := checkSentinel(ro.mem[b].b, want); err != nil {
-			h.Errorf("%s: receive %d buffer %d (capacity %d, %d bytes received): %v", f.name, i, b, ro.g.bufs[b].cap, want, err)
+			h.errorf("%s: receive %d buffer %d (capacity %d, %d bytes received): %v", f.name, i, b, ro.g.bufs[b].cap, want, err)
 		}
 		h.free(ro.mem[b])
 		ro.mem[b] = nil
 	}
 	if h.failed() {
-		h.FailNow()
+		runtime.Goexit()
 	}
 }
 
@@ -511,7 +511,7 @@ func (f *flow) status() string {
 // pump steps every flow until all are finished, failing at the deadline with
 // the state of each (a transport that never completes is not a hang inside a
 // call, but it is just as fatal to NCCL).
-func (h *H) pump(flows ...*flow) {
+func (h *subtest) pump(flows ...*flow) {
 	for {
 		all := true
 		for _, f := range flows {
@@ -539,24 +539,24 @@ func (h *H) pump(flows ...*flow) {
 	}
 }
 
-func (h *H) nextSeed() uint64 {
+func (h *subtest) nextSeed() uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.seed++
 	return h.seed
 }
 
-func (h *H) props() nccl.Properties {
+func (h *subtest) props() nccl.Properties {
 	var p nccl.Properties
 	var err error
 	h.call("Properties", func() { p, err = h.suite.tr.Properties(h.suite.opts.Dev) })
-	h.NoError(err, "Properties(%d)", h.suite.opts.Dev)
+	h.noError(err, "Properties(%d)", h.suite.opts.Dev)
 	return p
 }
 
 // maxRecvs is the device's MaxRecvs, capped at the 64 buffers NCCL groups at
 // most (NCCL_PROXY_MAX_SUBS), as the glue caps it.
-func (h *H) maxRecvs() int {
+func (h *subtest) maxRecvs() int {
 	n := h.props().MaxRecvs
 	if n < 1 {
 		n = 1

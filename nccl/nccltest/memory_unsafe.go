@@ -36,7 +36,7 @@ type poolKey struct {
 // registers itself), or reuses a registered buffer of the same size that
 // its request finished with. It stays mapped until the subtest's end (or
 // free, when not registered).
-func (h *H) buffer(c nccl.Comm, n int) *buffer {
+func (h *subtest) buffer(c nccl.Comm, n int) *buffer {
 	size := (max(n, 1) + unix.Getpagesize() - 1) &^ (unix.Getpagesize() - 1)
 	reg := c != nil && h.suite.opts.Register
 	if reg {
@@ -67,20 +67,20 @@ func (h *H) buffer(c nccl.Comm, n int) *buffer {
 	}
 	var mh nccl.MemHandle
 	h.call("RegMr", func() { mh, err = c.RegMr(b.ptr(), len(m), nccl.PtrHost) })
-	h.NoError(err, "RegMr of a %d-byte test buffer (Options.Register)", len(m))
+	h.noError(err, "RegMr of a %d-byte test buffer (Options.Register)", len(m))
 	b.mh, b.comm = mh, c
 	return b
 }
 
 // dereg releases the buffer's registration, if any.
-func (h *H) dereg(b *buffer) {
+func (h *subtest) dereg(b *buffer) {
 	if b.comm == nil {
 		return
 	}
 	var err error
 	h.call("DeregMr", func() { err = b.comm.DeregMr(b.mh) })
 	if err != nil {
-		h.Errorf("DeregMr of a test buffer: %v (%v)", err, nccl.ResultOf(err))
+		h.errorf("DeregMr of a test buffer: %v (%v)", err, nccl.ResultOf(err))
 	}
 	b.comm, b.mh = nil, 0
 }
@@ -88,7 +88,7 @@ func (h *H) dereg(b *buffer) {
 // free gives back a buffer the transport is done with (its request
 // completed): a registered one goes to its comm's pool, any other is
 // unmapped.
-func (h *H) free(b *buffer) {
+func (h *subtest) free(b *buffer) {
 	if b == nil {
 		return
 	}
@@ -113,7 +113,7 @@ func (h *H) free(b *buffer) {
 // deregOn releases every registration on c, before c is closed (NCCL
 // deregisters before it closes); the memory stays mapped until the
 // subtest ends, since requests may still be in flight.
-func (h *H) deregOn(c nccl.Comm) {
+func (h *subtest) deregOn(c nccl.Comm) {
 	h.mu.Lock()
 	var bs []*buffer
 	for b := range h.live {
@@ -135,7 +135,7 @@ func (h *H) deregOn(c nccl.Comm) {
 // freeAll unmaps what is left when the subtest ends, after its comms closed
 // (a body abandoned after a hang keeps its memory: the transport may still
 // be inside a call on it).
-func (h *H) freeAll() {
+func (h *subtest) freeAll() {
 	h.mu.Lock()
 	live := h.live
 	h.live = nil

@@ -101,8 +101,8 @@ func Run(t *testing.T, newTransport func() nccl.Transport, opts Options) {
 		}
 		s.run(t, c.name, c.body)
 	}
-	s.run(t, "Finalize", func(h *H) {
-		h.call("Finalize", func() { h.NoError(tr.Finalize()) })
+	s.run(t, "Finalize", func(h *subtest) {
+		h.call("Finalize", func() { h.noError(tr.Finalize()) })
 	})
 	// The glue makes a new transport and initialises it again when NCCL
 	// (2.28+) starts a communicator after the last one finalized.
@@ -110,18 +110,18 @@ func Run(t *testing.T, newTransport func() nccl.Transport, opts Options) {
 	if s.skipped("InitAgainAfterFinalize") {
 		t.Run("InitAgainAfterFinalize", func(t *testing.T) { t.Skip("skipped by Options.Skip") })
 	} else {
-		again.run(t, "InitAgainAfterFinalize", func(h *H) {
+		again.run(t, "InitAgainAfterFinalize", func(h *subtest) {
 			again.tr = newTransport()
 			var err error
 			h.call("Init", func() { err = again.tr.Init(nccl.InitContext{Log: log}) })
-			h.NoError(err, "Init of a new transport after the first one was finalized (as the glue does for NCCL's next communicator)")
+			h.noError(err, "Init of a new transport after the first one was finalized (as the glue does for NCCL's next communicator)")
 			if err != nil {
 				return
 			}
 			p := h.connect()
 			h.pump(h.newFlow("after a second Init", p, mixedGroups(4, 1)))
 			h.closePair(p)
-			h.call("Finalize", func() { h.NoError(again.tr.Finalize()) })
+			h.call("Finalize", func() { h.noError(again.tr.Finalize()) })
 		})
 	}
 	t.Run("GoroutinesAfterFinalize", func(t *testing.T) {
@@ -155,13 +155,13 @@ func (s *suite) skipped(name string) bool {
 }
 
 // run executes body in its own goroutine under the deadline. Failures are
-// recorded by H (a testify TestingT) and reported from the test goroutine, so
+// recorded by the subtest handle and reported from the test goroutine, so
 // a body abandoned after a hang can never touch a finished *testing.T.
-func (s *suite) run(t *testing.T, name string, body func(h *H)) {
+func (s *suite) run(t *testing.T, name string, body func(h *subtest)) {
 	t.Run(name, func(t *testing.T) {
 		// The body's own waits give up a little before the hang timer, so a
 		// transfer that stopped is reported with its state, not as a hang.
-		h := &H{suite: s, deadline: time.Now().Add(s.opts.Timeout * 9 / 10)}
+		h := &subtest{suite: s, deadline: time.Now().Add(s.opts.Timeout * 9 / 10)}
 		h.op.Store(new(string))
 		// Registered first, so it runs last: after every comm closed.
 		h.defer_(h.freeAll)
@@ -171,7 +171,7 @@ func (s *suite) run(t *testing.T, name string, body func(h *H)) {
 			defer h.cleanup()
 			defer func() {
 				if r := recover(); r != nil {
-					h.Errorf("panic: %v\n%s", r, stack(false))
+					h.errorf("panic: %v\n%s", r, stack(false))
 				}
 			}()
 			body(h)
@@ -199,9 +199,9 @@ func stack(all bool) string {
 	return string(buf[:runtime.Stack(buf, all)])
 }
 
-// H is the handle a subtest body uses. It implements testify's TestingT
-// (require.New(h) works); FailNow ends the body's goroutine.
-type H struct {
+// subtest is the handle a subtest body uses. Failures are recorded, and
+// fatalf and skip end the body's goroutine.
+type subtest struct {
 	suite    *suite
 	deadline time.Time
 
@@ -237,8 +237,8 @@ const (
 	maxDataPathCall = 5 * time.Second
 )
 
-// Errorf records a failure.
-func (h *H) Errorf(format string, args ...any) {
+// errorf records a failure.
+func (h *subtest) errorf(format string, args ...any) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !h.abandoned {
@@ -246,38 +246,32 @@ func (h *H) Errorf(format string, args ...any) {
 	}
 }
 
-// FailNow ends the subtest body.
-func (h *H) FailNow() { runtime.Goexit() }
-
-// Helper is a no-op, for testify.
-func (h *H) Helper() {}
-
 // skip ends the body and reports the subtest as skipped with the reason.
-func (h *H) skip(format string, args ...any) {
+func (h *subtest) skip(format string, args ...any) {
 	h.mu.Lock()
 	h.skips = append(h.skips, fmt.Sprintf(format, args...))
 	h.mu.Unlock()
 	runtime.Goexit()
 }
 
-func (h *H) failed() bool {
+func (h *subtest) failed() bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.errs) > 0
 }
 
-func (h *H) fatalf(format string, args ...any) {
-	h.Errorf(format, args...)
-	h.FailNow()
+func (h *subtest) fatalf(format string, args ...any) {
+	h.errorf(format, args...)
+	runtime.Goexit()
 }
 
-func (h *H) abandon() {
+func (h *subtest) abandon() {
 	h.mu.Lock()
 	h.abandoned = true
 	h.mu.Unlock()
 }
 
-func (h *H) take() []string {
+func (h *subtest) take() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.errs
@@ -285,7 +279,7 @@ func (h *H) take() []string {
 	return e
 }
 
-func (h *H) takeSkips() []string {
+func (h *subtest) takeSkips() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if len(h.errs) > 0 {
@@ -296,13 +290,13 @@ func (h *H) takeSkips() []string {
 
 // defer registers f to run when the body ends (in reverse order), whether it
 // failed or not.
-func (h *H) defer_(f func()) {
+func (h *subtest) defer_(f func()) {
 	h.mu.Lock()
 	h.cleanups = append(h.cleanups, f)
 	h.mu.Unlock()
 }
 
-func (h *H) cleanup() {
+func (h *subtest) cleanup() {
 	for {
 		h.mu.Lock()
 		n := len(h.cleanups)
@@ -316,7 +310,7 @@ func (h *H) cleanup() {
 		func() {
 			defer func() {
 				if r := recover(); r != nil {
-					h.Errorf("panic during cleanup: %v\n%s", r, stack(false))
+					h.errorf("panic during cleanup: %v\n%s", r, stack(false))
 				}
 			}()
 			f()
@@ -326,7 +320,7 @@ func (h *H) cleanup() {
 
 // call runs one transport call, recording its name so that a hang inside it is
 // reported by name.
-func (h *H) call(name string, f func()) {
+func (h *subtest) call(name string, f func()) {
 	prev := h.op.Load()
 	n := name
 	h.op.Store(&n)
@@ -356,7 +350,7 @@ func (h *H) call(name string, f func()) {
 }
 
 // checkDataPathTiming fails the subtest when the transport's data path waited.
-func (h *H) checkDataPathTiming() {
+func (h *subtest) checkDataPathTiming() {
 	if h.suite.opts.PostsDoTheNICsWork {
 		return
 	}
@@ -364,14 +358,14 @@ func (h *H) checkDataPathTiming() {
 		st := &h.dp[k]
 		calls, slow, maxd := st.calls.Load(), st.slow.Load(), time.Duration(st.max.Load())
 		if maxd > maxDataPathCall {
-			h.Errorf("one %s call took %v: Isend, Irecv and Test run on NCCL's progress thread and must never wait (return nccl.NoRequest or not-done instead)", name, maxd.Round(time.Millisecond))
+			h.errorf("one %s call took %v: Isend, Irecv and Test run on NCCL's progress thread and must never wait (return nccl.NoRequest or not-done instead)", name, maxd.Round(time.Millisecond))
 		} else if calls >= 100 && slow*2 > calls {
-			h.Errorf("%d of %d %s calls took %v or more (slowest %v): Isend, Irecv and Test run in NCCL's polling loop and must not block, sleep or wait", slow, calls, name, slowDataPathCall, maxd.Round(time.Microsecond))
+			h.errorf("%d of %d %s calls took %v or more (slowest %v): Isend, Irecv and Test run in NCCL's polling loop and must not block, sleep or wait", slow, calls, name, slowDataPathCall, maxd.Round(time.Microsecond))
 		}
 	}
 }
 
-func (h *H) currentOp() string {
+func (h *subtest) currentOp() string {
 	if p := h.op.Load(); p != nil && *p != "" {
 		return "transport call " + *p
 	}
@@ -381,10 +375,10 @@ func (h *H) currentOp() string {
 // expired reports whether the subtest's deadline passed; polling loops check it
 // so that a transport that never completes (rather than blocks) is reported
 // with what was being waited for.
-func (h *H) expired() bool { return time.Now().After(h.deadline) }
+func (h *subtest) expired() bool { return time.Now().After(h.deadline) }
 
-// NoError records err as a failure and ends the body.
-func (h *H) NoError(err error, msgAndArgs ...any) {
+// noError records err as a failure and ends the body.
+func (h *subtest) noError(err error, msgAndArgs ...any) {
 	if err != nil {
 		h.fatalf("%sunexpected error: %v (%v)", prefix(msgAndArgs), err, nccl.ResultOf(err))
 	}
