@@ -33,7 +33,7 @@ func overlayEnv(t *testing.T, kv ...string) {
 		if v, ok := m[k]; ok {
 			return v, true
 		}
-		return ncclenv.InitialValue(k)
+		return os.LookupEnv(k)
 	})
 	t.Cleanup(func() { ncclenv.SetLookup(nil) })
 }

@@ -115,18 +115,6 @@ func Stop() {
 	}
 }
 
-// Gatherer returns the plugin's registry between Start and the last Stop (nil
-// otherwise), whether or not an endpoint or textfile is configured, for an
-// application that wants to expose the plugin's metrics itself.
-func Gatherer() prometheus.Gatherer {
-	state.Lock()
-	defer state.Unlock()
-	if state.exp == nil {
-		return nil
-	}
-	return state.exp.reg
-}
-
 // LocalRank is this process's rank on its node as the metrics see it:
 // NCCL_GO_METRICS_LOCAL_RANK, else the launcher's variable, else 0.
 func LocalRank(log nccl.Logger) int {
@@ -162,13 +150,6 @@ func Job(log nccl.Logger) string {
 		return j
 	}
 	return ""
-}
-
-// BasePort is NCCL_GO_METRICS_PORT (ok false when unset or not an integer
-// >= 0), for tools that find this host's endpoints the way Start opens them.
-func BasePort() (port int, ok bool) {
-	port, _ = envNonNegative(nccl.DiscardLogger{}, settingPort.Name(), "")
-	return port, port >= 0
 }
 
 // BindAddress is NCCL_GO_METRICS_BIND (default 127.0.0.1), for tools that

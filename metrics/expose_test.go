@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -35,10 +36,10 @@ func TestOffByDefault(t *testing.T) {
 	e := currentExporter(t)
 	assert.Nil(t, e.server, "no endpoint unless NCCL_GO_METRICS_PORT is set")
 	assert.Empty(t, e.textfile, "no file unless NCCL_GO_METRICS_TEXTFILE_DIR is set")
-	assert.NotNil(t, Gatherer())
+	assert.NotNil(t, gatherer())
 	assert.Empty(t, log.Warns(), "nothing to warn about when metrics are not exposed")
 	Stop()
-	assert.Nil(t, Gatherer())
+	assert.Nil(t, gatherer())
 }
 
 func TestEndpointServesDeviceCounters(t *testing.T) {
@@ -159,7 +160,7 @@ func TestPortInUseWarnsAndKeepsWorking(t *testing.T) {
 	e := currentExporter(t)
 	assert.Nil(t, e.server)
 	// The rest of the exposition still works.
-	assert.NotNil(t, Gatherer())
+	assert.NotNil(t, gatherer())
 	assert.FileExists(t, filepath.Join(dir, TextfileName(2, ProcessID())))
 }
 
@@ -525,4 +526,15 @@ func TestJobCheckAgreesWithJob(t *testing.T) {
 	}
 	v, _ := ncclenv.Check("NCCL_GO_METRICS_JOB", "\xff\xfe")
 	assert.True(t, v.Invalid, "not UTF-8: %+v", v)
+}
+
+// gatherer returns the plugin's registry between Start and the last Stop (nil
+// otherwise), whether or not an endpoint or textfile is configured.
+func gatherer() prometheus.Gatherer {
+	state.Lock()
+	defer state.Unlock()
+	if state.exp == nil {
+		return nil
+	}
+	return state.exp.reg
 }

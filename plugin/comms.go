@@ -148,13 +148,6 @@ func (e *commEntry) dir() metrics.Dir {
 
 func (e *commEntry) deviceName() string { return e.m.Name }
 
-// String is for debugging handles in WARNs.
-func (e *commEntry) String() string { return fmt.Sprintf("%s comm slot %d", e.dir(), e.slot) }
-
-func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
-	return netListenCtx(0, dev, handle)
-}
-
 // netListenCtx is listen; ctx is the v11+ context NCCL passed (0 before v11).
 func netListenCtx(ctx uintptr, dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
 	h, res, withdrew := listenUnder(ctx, dev, handle)

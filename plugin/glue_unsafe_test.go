@@ -186,6 +186,11 @@ func setup(t *testing.T, env map[string]string, fakes ...*fakeTransport) *captur
 	return sink
 }
 
+// netListen is listen as a v10 NCCL calls it (no context).
+func netListen(dev int, handle *nccl.Handle) (uintptr, nccl.Result) {
+	return netListenCtx(0, dev, handle)
+}
+
 func clearSlots[T any](tab *slots.Table[T]) {
 	tab.Range(func(r slots.Ref, _ *T) bool {
 		tab.Remove(r)

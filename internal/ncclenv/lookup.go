@@ -34,8 +34,3 @@ func Value(name string) (string, bool) {
 	v = strings.TrimSpace(v)
 	return v, ok && v != ""
 }
-
-// InitialValue is name as it was in the process environment when the Go
-// runtime started (os.LookupEnv). A value Lookup sees but InitialValue does
-// not was set later, typically by NCCL from nccl.conf.
-func InitialValue(name string) (string, bool) { return os.LookupEnv(name) }

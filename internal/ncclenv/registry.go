@@ -47,7 +47,7 @@ func register(s Setting) {
 	}
 	if prev, ok := registry.byName[s.Name]; ok {
 		// Not a panic: declarations run at load time inside NCCL's process.
-		// TestRegistryHasNoDuplicates catches it instead.
+		// TestNoSettingIsDeclaredTwice (internal/settingsdoc) catches it instead.
 		registry.dups = append(registry.dups, fmt.Sprintf("%s (declared by %s and by %s)", s.Name, prev.Owner, s.Owner))
 		return
 	}

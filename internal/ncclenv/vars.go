@@ -24,9 +24,6 @@ type Group struct {
 // config.go.
 func NewGroup(owner, logPrefix string) *Group { return &Group{owner: owner, prefix: logPrefix} }
 
-// Prefix is the group's log prefix.
-func (g *Group) Prefix() string { return g.prefix }
-
 func (g *Group) declare(name string, kind Kind, def, doc string) base {
 	b := base{g: g, s: Setting{Name: name, Default: def, Doc: doc, Owner: g.owner, Kind: kind}}
 	register(b.s)
@@ -41,12 +38,6 @@ type base struct {
 
 // Name is the variable's name.
 func (b *base) Name() string { return b.s.Name }
-
-// Setting is the variable's declaration.
-func (b *base) Setting() Setting { return b.s }
-
-// IsSet reports whether the variable has a non-empty value.
-func (b *base) IsSet() bool { _, ok := Value(b.s.Name); return ok }
 
 func (b *base) setRange(r string) {
 	b.s.Range = r
@@ -220,14 +211,8 @@ func (g *Group) Bool(name string, def bool, doc string) *BoolVar {
 	return v
 }
 
-// Default is the declared default.
-func (v *BoolVar) Default() bool { return v.def != 0 }
-
 // Get reads the value, WARNing with the group's prefix.
 func (v *BoolVar) Get(log Logger) bool { return v.scalar.Get(log) != 0 }
-
-// GetFor reads the value on behalf of the transport whose prefix is given.
-func (v *BoolVar) GetFor(log Logger, prefix string) bool { return v.scalar.GetFor(log, prefix) != 0 }
 
 // DurationVar is a duration setting: a bare number in its unit, or a Go
 // duration (ParseDuration).
@@ -246,9 +231,6 @@ func (v *DurationVar) In(lo, hi time.Duration) *DurationVar { v.setBounds(lo, hi
 
 // Clamp makes values outside [lo, hi] a WARN and the nearest bound.
 func (v *DurationVar) Clamp(lo, hi time.Duration) *DurationVar { v.setBounds(lo, hi, true); return v }
-
-// ShowDefault sets how the registry shows the default.
-func (v *DurationVar) ShowDefault(text string) *DurationVar { v.showDefault(text); return v }
 
 // FamilyVar is an address family selection (ParseFamily).
 type FamilyVar struct{ scalar[Family] }

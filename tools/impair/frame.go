@@ -189,20 +189,3 @@ func (f *frameInfo) parseTCP(b []byte, off int) error {
 	f.payload -= doff
 	return nil
 }
-
-// String is the one-line summary the relay logs for frames it cannot parse
-// or drops on purpose.
-func (f frameInfo) String() string {
-	switch {
-	case f.etherType == etherTypeARP:
-		return "ARP"
-	case !f.src.IsValid():
-		return fmt.Sprintf("ether type %#04x", f.etherType)
-	case f.proto == protoTCP && !f.fragment:
-		return fmt.Sprintf("TCP %s:%d > %s:%d flags %#02x len %d", f.src, f.srcPort, f.dst, f.dstPort, f.tcpFlags, f.payload)
-	case f.proto == protoUDP && !f.fragment:
-		return fmt.Sprintf("UDP %s:%d > %s:%d len %d", f.src, f.srcPort, f.dst, f.dstPort, f.payload)
-	default:
-		return fmt.Sprintf("IP proto %d %s > %s", f.proto, f.src, f.dst)
-	}
-}
