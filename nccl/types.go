@@ -6,11 +6,11 @@ import (
 
 // Limits and constants of the NCCL net API.
 const (
-	HandleSize      = 128     // NCCL_NET_HANDLE_MAXSIZE: bytes NCCL copies to the peer
-	MaxRequests     = 32      // NCCL_NET_MAX_REQUESTS per comm (send side: × MaxRecvs)
-	MaxNetSize      = 1 << 30 // largest single isend/irecv NCCL issues (NCCL_MAX_NET_SIZE)
-	MaxNetSizeBytes = 1 << 40 // upper bound for MaxP2PBytes / MaxCollBytes
-	MaxCollSize     = 512 << 20
+	HandleSize      = 128       // NCCL_NET_HANDLE_MAXSIZE: bytes NCCL copies to the peer
+	MaxRequests     = 32        // NCCL_NET_MAX_REQUESTS per comm (send side: × MaxRecvs)
+	MaxNetSize      = 1 << 30   // largest single isend/irecv NCCL issues (NCCL_MAX_NET_SIZE)
+	MaxNetSizeBytes = 1 << 40   // upper bound for MaxP2PBytes / MaxCollBytes
+	MaxCollSize     = 512 << 20 // MaxCollBytes for a device that leaves it 0, as NCCL's own transports report
 	// MaxGroupedRecvs bounds n in a grouped irecv: NCCL's proxy groups at
 	// most NCCL_PROXY_MAX_SUBS (64) receives, and never more than MaxRecvs.
 	MaxGroupedRecvs = 64
@@ -65,16 +65,16 @@ func (o OptionalID) String() string {
 // transport fills every field once, whatever the version. A field left zero
 // gets NCCL's default from the glue, as each comment says.
 type Properties struct {
-	Name                string  // interface or HCA name; also NCCL's topology key
-	PCIPath             string  // realpath of the sysfs PCI device; "" for a virtual NIC
-	GUID                uint64  // equal GUIDs mean the same physical port
-	PtrSupport          PtrType // NCCL_PTR_* bits; 0 means PtrHost
-	RegIsGlobal         bool    // registrations are not tied to a comm (MR cache)
-	ForceFlush          bool    // NCCL must iflush every GPU-direct receive
-	Speed               int     // Mbps; 0 means 10000
-	Port                int
-	Latency             float32 // microseconds; 0 lets NCCL use its defaults
-	MaxComms            int
+	Name                string     // interface or HCA name; also NCCL's topology key
+	PCIPath             string     // realpath of the sysfs PCI device; "" for a virtual NIC
+	GUID                uint64     // equal GUIDs mean the same physical port
+	PtrSupport          PtrType    // NCCL_PTR_* bits; 0 means PtrHost
+	RegIsGlobal         bool       // registrations are not tied to a comm (MR cache)
+	ForceFlush          bool       // NCCL must iflush every GPU-direct receive
+	Speed               int        // Mbps; 0 means 10000
+	Port                int        // the NIC's port number (IB: the verbs port); 0 for a virtual NIC
+	Latency             float32    // microseconds; 0 lets NCCL use its defaults
+	MaxComms            int        // connections the device can hold (IB: max_qp); nccltest requires it; 0 means 1
 	MaxRecvs            int        // largest n in a grouped receive; 0 means 1
 	VDevs               []int      // physical devices fused into this one; nil means {dev}
 	MaxP2PBytes         int64      // in (0, 2^40]; 0 means MaxNetSizeBytes
