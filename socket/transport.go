@@ -127,7 +127,7 @@ func (t *Transport) Properties(dev int) (nccl.Properties, error) {
 }
 
 // Listen implements nccl.Transport: it binds an ephemeral port on the device's
-// address and starts accepting in the background.
+// address; Accept calls take connections from its backlog.
 func (t *Transport) Listen(dev int, h *nccl.Handle) (nccl.Listener, error) {
 	d, err := t.device(dev)
 	if err != nil {
