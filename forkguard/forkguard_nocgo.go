@@ -10,4 +10,5 @@ func track(int) error  { return nil }
 func untrack(int)      {}
 func tracked(int) bool { return false }
 
+// OpenInChild is a cgo-only test helper; without cgo it always fails.
 func OpenInChild([]int) ([]bool, error) { return nil, errors.New("forkguard: built without cgo") }

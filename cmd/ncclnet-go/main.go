@@ -1,5 +1,5 @@
 // Command ncclnet-go is the operator's tool for libnccl-net-go. It answers the
-// three questions people deploying an NCCL net plugin ask, with the same Go
+// questions people deploying an NCCL net plugin ask, with the same Go
 // packages the plugin loads:
 //
 //	ncclnet-go devices    what the plugin would expose on this host, and why

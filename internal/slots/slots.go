@@ -1,6 +1,7 @@
 // Package slots is the plugin's generation-checked handle table: it maps the
-// integers NCCL holds (comm, request and memory handles: never Go pointers)
-// to Go objects. Lookups are lock-free (two atomic loads and a compare)
+// integers NCCL holds (init contexts and comms; ib's memory registrations;
+// never Go pointers) to Go objects. Request handles are not here: each comm
+// has its own table in the glue (plugin/requests.go). Lookups are lock-free (two atomic loads and a compare)
 // because NCCL's progress threads resolve a handle on every data-path call;
 // Add and Remove take a mutex (connection set-up and teardown only). Every
 // Add gets a new generation, so a handle kept after its Remove, or forged,
