@@ -1,8 +1,10 @@
 package plugin
 
 import (
-	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"strings"
 	"sync"
 	"testing"
@@ -536,20 +538,63 @@ func TestCloseWithOutstandingRequestsSettlesInflight(t *testing.T) {
 	assert.Equal(t, nccl.InvalidArgument, netClose(rh, tagRecv), "closing twice is caught")
 }
 
-func TestRecoverTurnsPanicIntoInternalError(t *testing.T) {
-	sink := setup(t, nil)
-	call := func() (r nccl.Result) {
-		r = nccl.Success
-		defer func() {
-			if p := recover(); p != nil {
-				r = panicResult("test", p)
-			}
-		}()
-		panic(errors.New("boom"))
+// A panic in the transport, under an exported entry point, becomes
+// ncclInternalError and a WARN with the stack (CONVENTIONS §3); it never
+// unwinds into NCCL's C frames (here: never ends the test binary).
+func TestPanicUnderAnExportIsInternalError(t *testing.T) {
+	f := &fakeTransport{name: "panicexp", devs: 1}
+	sink := initWith(t, f)
+	_, _, sh, _ := connectPair(t)
+	buf := make([]byte, 8)
+	var req _Ctype_uintptr_t
+	require.EqualValues(t, nccl.Success, goNetIsend(_Ctype_uintptr_t(sh), unsafe.Pointer(&buf[0]), 8, 1, 7, 0, &req))
+	require.NotZero(t, req)
+	f.panicTest = true
+	t.Cleanup(func() { f.panicTest = false })
+	before := len(sink.warns())
+	done, size := _Ctype_int(7), _Ctype_int(-1)
+	assert.EqualValues(t, nccl.InternalError, goNetTest(req, &done, &size))
+	assert.Zero(t, done, "a failed test is not done")
+	warns := sink.warns()
+	require.Len(t, warns, before+1, "one WARN for the panic")
+	assert.Contains(t, warns[before], "internal error in test: boom")
+	assert.Contains(t, warns[before], "goroutine ", "the WARN carries the stack")
+}
+
+// Every exported function defers guard first, so that no panic, in the glue
+// or in a transport, can cross into C. The tests above prove guard works for
+// two entries; this keeps a new entry from forgetting it.
+func TestEveryExportDefersGuardFirst(t *testing.T) {
+	fset := token.NewFileSet()
+	file, err := parser.ParseFile(fset, "exports_cgo.go", nil, parser.ParseComments)
+	require.NoError(t, err)
+	exports := 0
+	for _, d := range file.Decls {
+		fn, ok := d.(*ast.FuncDecl)
+		if !ok || fn.Doc == nil || !hasExportDirective(fn.Doc) {
+			continue
+		}
+		exports++
+		require.NotEmpty(t, fn.Body.List, "%s has an empty body", fn.Name.Name)
+		def, ok := fn.Body.List[0].(*ast.DeferStmt)
+		if !ok {
+			t.Errorf("%s (%s): first statement is not `defer guard(...)`", fn.Name.Name, fset.Position(fn.Pos()))
+			continue
+		}
+		if id, ok := def.Call.Fun.(*ast.Ident); !ok || id.Name != "guard" {
+			t.Errorf("%s (%s): first statement defers something other than guard", fn.Name.Name, fset.Position(fn.Pos()))
+		}
 	}
-	assert.Equal(t, nccl.InternalError, call())
-	require.NotEmpty(t, sink.warns())
-	assert.Contains(t, sink.warns()[0], "internal error in test: boom")
+	assert.GreaterOrEqual(t, exports, 15, "found the //export functions")
+}
+
+func hasExportDirective(doc *ast.CommentGroup) bool {
+	for _, c := range doc.List {
+		if strings.HasPrefix(c.Text, "//export ") {
+			return true
+		}
+	}
+	return false
 }
 
 func TestDeregNullSucceeds(t *testing.T) {
@@ -745,12 +790,14 @@ func TestMaxRecvsCappedAtABILimit(t *testing.T) {
 // Every entry that takes a handle answers a forged, closed or wrong-kind one
 // with ncclInvalidArgument, never a panic or another comm's data.
 func TestForgedHandlesAreInvalidArgumentEverywhere(t *testing.T) {
-	initWith(t, &fakeTransport{name: "forgeall", devs: 1})
+	sink := initWith(t, &fakeTransport{name: "forgeall", devs: 1})
 	_, _, sh, rh := connectPair(t)
 	closed := sh
 	_, _, sh, _ = connectPair(t)
 	require.Equal(t, nccl.Success, netClose(closed, tagSend))
-	for _, h := range []uintptr{0, 1, closed, rh ^ 1<<30, ^uintptr(0), commHandle(tagSend, 1, maxSlots+3)} {
+	forged := []uintptr{0, 1, closed, rh ^ 1<<30, ^uintptr(0), commHandle(tagSend, 1, maxSlots+3)}
+	before := len(sink.warns())
+	for _, h := range forged {
 		_, res := netIsend(h, nil, 0, 0, 0, 0)
 		assert.Equal(t, nccl.InvalidArgument, res, "isend(%#x)", h)
 		_, res = netRegMr(h, nil, 8, int(nccl.PtrHost))
@@ -763,6 +810,11 @@ func TestForgedHandlesAreInvalidArgumentEverywhere(t *testing.T) {
 		assert.Equal(t, nccl.InvalidArgument, netFinalize(h), "finalize(%#x)", h)
 		_, err := trafficClassOf(h | 1)
 		assert.Error(t, err)
+	}
+	warns := sink.warns()[before:]
+	assert.Len(t, warns, 7*len(forged), "one WARN per refused call")
+	for _, w := range warns {
+		assert.NotContains(t, w, "please report", "a bad argument from NCCL is not an internal error")
 	}
 	_, res := netIsend(rh, nil, 0, 0, 0, 0)
 	assert.Equal(t, nccl.InvalidArgument, res, "a recv comm is not a send comm")
@@ -785,19 +837,13 @@ func (panickyListener) Close() error                   { return nil }
 func TestPanickingCloseReleasesTheLifetimeLock(t *testing.T) {
 	h := &listenHook{hookTransport: &hookTransport{fakeTransport: &fakeTransport{name: "panicky", devs: 1}}, l: panickyListener{}}
 	lh, rh := acceptOnHook(t, h)
-	var res nccl.Result
-	var got any
-	func() {
-		defer func() {
-			if p := recover(); p != nil {
-				got = p
-				res = panicResult("close", p)
-			}
-		}()
-		res = netClose(rh, tagRecv)
-	}()
-	assert.Equal(t, "close exploded", got)
-	assert.Equal(t, nccl.InternalError, res)
+	sink := &captureSink{}
+	setSink(sink) // setup's cleanup removes it
+	before := len(sink.warns())
+	assert.EqualValues(t, nccl.InternalError, goNetClose(_Ctype_uintptr_t(rh), _Ctype_int(tagRecv)))
+	warns := sink.warns()
+	require.Len(t, warns, before+1, "one WARN for the panic")
+	assert.Contains(t, warns[before], "internal error in close: close exploded")
 	if !state.mu.TryLock() {
 		state.mu.RUnlock() // what the panic leaked, so that the cleanup does not hang
 		t.Fatal("the lifetime lock is still held after the panic")

@@ -80,5 +80,5 @@ func TestPropertiesLayoutPerVersion(t *testing.T) {
 		}
 	}
 	assert.Error(t, putProperties(7, p, unsafe.Pointer(&make([]byte, 256)[0])), "an unknown version is refused")
-	assert.Equal(t, persistentCString(p.Name), persistentCString(p.Name), "one C copy per string")
+	assert.Equal(t, uintptr(unsafe.Pointer(persistentCString(p.Name))), uintptr(unsafe.Pointer(persistentCString(p.Name))), "one C copy per string")
 }

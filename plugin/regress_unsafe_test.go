@@ -196,6 +196,7 @@ func TestTestOnForgedRequestIsInvalidArgument(t *testing.T) {
 	require.Equal(t, nccl.Success, res)
 	for _, forged := range []uintptr{req | 0x7fff, req&^0xffff | 0x7ff0, req ^ 1<<20, 0, 1, ^uintptr(0), 0x51 << 56} {
 		var done bool
+		before := len(sink.warns())
 		panicked := func() (p any) {
 			defer func() { p = recover() }()
 			done, res = netTest(forged, nil)
@@ -204,9 +205,12 @@ func TestTestOnForgedRequestIsInvalidArgument(t *testing.T) {
 		require.Nil(t, panicked, "test(%#x) panicked", forged)
 		assert.Equal(t, nccl.InvalidArgument, res, "test(%#x)", forged)
 		assert.False(t, done)
-	}
-	for _, w := range sink.warns() {
-		assert.NotContains(t, w, "please report", "a bad argument from NCCL is not an internal error")
+		warns := sink.warns()
+		if assert.Len(t, warns, before+1, "test(%#x): one WARN saying what was wrong", forged) {
+			assert.Contains(t, warns[before], "test failed: ", "test(%#x)", forged)
+			assert.Contains(t, warns[before], fmt.Sprintf("%#x", forged), "the WARN names the value NCCL passed")
+			assert.NotContains(t, warns[before], "please report", "a bad argument from NCCL is not an internal error")
+		}
 	}
 	var sz int32
 	done, res := netTest(req, &sz)

@@ -36,7 +36,7 @@ func TestConformance(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			withEnv(t, c.env)
-			nccltest.Run(t, func() nccl.Transport { return newLoopback() }, nccltest.Options{MaxSize: c.maxSize})
+			nccltest.Run(t, func() nccl.Transport { return newLoopback() }, nccltest.Options{MaxSize: c.maxSize, RequireDevice: true})
 		})
 	}
 }
