@@ -2,12 +2,9 @@ package plugin
 
 import (
 	"runtime"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 )
 
 // countYields makes schedYield count its calls until the test ends.
@@ -19,14 +16,24 @@ func countYields(t *testing.T) *atomic.Int64 {
 	return &yields
 }
 
+// fakeClock is a paceTable's clock that the test moves on itself, so that
+// the pace's periods are exact and a loaded machine descheduling the test
+// changes nothing. Tests advance it before each call, as the call's own
+// duration, so a read never returns 0 ("not set").
+type fakeClock struct{ ns int64 }
+
+func (c *fakeClock) now() int64 { return c.ns }
+
+func (c *fakeClock) advance(d time.Duration) { c.ns += int64(d) }
+
 // pollSched calls refreshSched for d, each call lasting at least cost, and
 // returns the calls made, the time they took and the refresh periods in it.
 func pollSched(d, cost time.Duration) (calls int, elapsed time.Duration, periods int64) {
 	// Earlier tests leave every P's count at its cap; with slow calls the
 	// first read on each P the goroutine visits would come 256 calls late.
-	for i := range schedPaces {
-		schedPaces[i].every.Store(0)
-		schedPaces[i].calls.Store(0)
+	for i := range schedPaces.paces {
+		schedPaces.paces[i].every.Store(0)
+		schedPaces.paces[i].calls.Store(0)
 	}
 	start := time.Now()
 	for time.Since(start) < d {
@@ -105,27 +112,57 @@ func TestPaceEvery(t *testing.T) {
 // the yield renewed. Crediting the period to the P left behind made the
 // thread yield again at the next clock read on the new P: twice the yields,
 // each waking three threads (docs/performance.md, "Yields that wake fewer
-// threads").
+// threads"). Here every yield lands on the other P.
 func TestRefreshSchedCreditsThePTheYieldEndsOn(t *testing.T) {
-	var table paceTable
-	yields := 0
+	const (
+		test = 500 * time.Nanosecond // an idle test
+		d    = 100 * time.Millisecond
+	)
+	var c fakeClock
+	table := paceTable{now: c.now}
 	pid := 0
-	yield := func() int { yields++; return 1 - pid } // always comes back on the other P
-	start := time.Now()
+	var at []int64 // when each yield came
+	yield := func() int { at = append(at, c.ns); pid = 1 - pid; return pid }
 	calls := 0
-	for time.Since(start) < 100*time.Millisecond {
-		table.refresh(pid, func() int { pid = yield(); return pid })
+	for c.ns < int64(d) {
+		c.advance(test)
+		table.refresh(pid, yield)
 		calls++
 	}
-	elapsed := time.Since(start)
-	periods := int64(elapsed / (schedRefresh * time.Nanosecond))
-	t.Logf("%d calls in %v alternating between two Ps: %d yields (%d periods)", calls, elapsed, yields, periods)
-	if yields < 1 {
-		t.Fatalf("no yield in %v of polling", elapsed)
+	periods := int64(d) / schedRefresh
+	t.Logf("%d calls in %v alternating between two Ps: %d yields (%d periods)", calls, d, len(at), periods)
+	if len(at) < 1 {
+		t.Fatalf("no yield in %v of polling", d)
 	}
-	if int64(yields) > periods+1 {
-		t.Fatalf("%d yields in %v when each yield lands on the other P, want at most %d (one per %v)", yields, elapsed, periods+1, schedRefresh*time.Nanosecond)
+	if int64(len(at)) > periods+1 {
+		t.Fatalf("%d yields in %v when each yield lands on the other P, want at most %d (one per %v)", len(at), d, periods+1, schedRefresh*time.Nanosecond)
 	}
+	// Each yield starts the period of the P it lands on, and that P reads
+	// the clock at least every schedCheckEvery calls: a period lasts
+	// schedRefresh, and ends at most that many calls late.
+	late := int64(schedCheckEvery * test)
+	checkYieldGaps(t, at, c.ns, schedRefresh, schedRefresh+late)
+}
+
+// checkYieldGaps fails t unless every period between yields, the first
+// starting at 0 and the last one still running at end, lasts from least to
+// most (the one still running only at most).
+func checkYieldGaps(t *testing.T, at []int64, end, least, most int64) {
+	t.Helper()
+	prev := int64(0)
+	longest := int64(0)
+	for i, y := range at {
+		gap := y - prev
+		longest = max(longest, gap)
+		if gap < least || gap > most {
+			t.Errorf("yield %d at %v, %v after the period began, want %v to %v", i, time.Duration(y), time.Duration(gap), time.Duration(least), time.Duration(most))
+		}
+		prev = y
+	}
+	if gap := end - prev; gap > most {
+		t.Errorf("no yield in the last %v, want one at most %v into the period", time.Duration(gap), time.Duration(most))
+	}
+	t.Logf("%d yields; the longest period %v", len(at), time.Duration(longest))
 }
 
 // A post's time is the least predictable part of a message: under rxe an
@@ -134,41 +171,43 @@ func TestRefreshSchedCreditsThePTheYieldEndsOn(t *testing.T) {
 // slow posts once fast tests had grown the count: in the Soft-RoCE lane the
 // receiving rank went 15 ms between yields one period in ten, and sysmon
 // took its P 25 times a second (docs/performance.md, "Posts read the
-// clock"). Here each cycle is 4 ms of fast tests (the count grows to its
-// cap), then 20 posts of 1 ms with one test after each.
+// clock"). Here, on a clock the test advances, each cycle is 4 ms of tests
+// of 500 ns (the count grows to its cap), then 20 posts of 1 ms with one
+// test after each.
 func TestRefreshSchedReadsTheClockAfterEveryPost(t *testing.T) {
-	var table paceTable
-	var at []time.Time
-	yield := func() int { at = append(at, time.Now()); return 0 }
-	busy := func(d time.Duration) {
-		for t0 := time.Now(); time.Since(t0) < d; {
-		}
-	}
-	start := time.Now()
-	for time.Since(start) < 300*time.Millisecond {
-		for t0 := time.Now(); time.Since(t0) < 4*time.Millisecond; {
+	const (
+		test = 500 * time.Nanosecond // an idle test
+		post = time.Millisecond      // a post doing the NIC's work
+		d    = 300 * time.Millisecond
+	)
+	var c fakeClock
+	table := paceTable{now: c.now}
+	var at []int64 // when each yield came
+	yield := func() int { at = append(at, c.ns); return 0 }
+	for c.ns < int64(d) {
+		for end := c.ns + int64(4*time.Millisecond); c.ns < end; {
+			c.advance(test)
 			table.refresh(0, yield)
 		}
-		for i := 0; i < 20; i++ {
-			busy(time.Millisecond)
+		for range 20 {
+			c.advance(post)
 			table.refreshNow(0, yield)
+			c.advance(test)
 			table.refresh(0, yield)
 		}
 	}
 	if len(at) < 3 {
-		t.Fatalf("%d yields in %v", len(at), time.Since(start))
+		t.Fatalf("%d yields in %v", len(at), time.Duration(c.ns))
 	}
-	gaps := make([]time.Duration, 0, len(at)-1)
-	for i := 1; i < len(at); i++ {
-		gaps = append(gaps, at[i].Sub(at[i-1]))
+	// A yield never comes before the period is over, and comes by the
+	// first clock read after it: one post late at most, since a post reads
+	// the clock and the fast tests between posts read it far more often.
+	// That keeps every period under sysmon's 10 ms forcePreemptNS, so a
+	// post never ends past it.
+	if schedRefresh+int64(post) >= schedPreempt {
+		t.Fatalf("schedRefresh %v plus a post of %v reaches sysmon's %v", schedRefresh*time.Nanosecond, post, schedPreempt*time.Nanosecond)
 	}
-	slices.Sort(gaps)
-	median := gaps[len(gaps)/2]
-	t.Logf("%d yields in %v; gaps between them: median %v, longest %v", len(at), time.Since(start), median, gaps[len(gaps)-1])
-	// sysmon preempts a P whose schedtick is 10 ms old (forcePreemptNS).
-	if median > 10*time.Millisecond {
-		t.Fatalf("median gap between yields %v across slow posts, want under sysmon's 10 ms", median)
-	}
+	checkYieldGaps(t, at, c.ns, schedRefresh, schedRefresh+int64(post))
 }
 
 // A post that ends 10 ms or more after the period began ends after sysmon
@@ -176,22 +215,49 @@ func TestRefreshSchedReadsTheClockAfterEveryPost(t *testing.T) {
 // ibv_post_send lasts 13 ms. A yield then only adds two thread switches;
 // the next test's clock read decides instead.
 func TestRefreshNowYieldsOnlyBeforeSysmonsDeadline(t *testing.T) {
-	var table paceTable
+	var c fakeClock
+	c.advance(time.Second)
+	table := paceTable{now: c.now}
 	yields := 0
 	yield := func() int { yields++; return 0 }
-	p := &table[0]
-	p.last.Store(clock.Now() - 12_000_000)
-	table.refreshNow(0, yield)
-	if yields != 0 {
-		t.Fatalf("a post ending 12 ms into the period yielded")
+	p := &table.paces[0]
+	for _, tc := range []struct {
+		into int64 // how far into the period the post ends
+		want int   // yields
+	}{
+		{12_000_000, 0},       // after sysmon took the P
+		{schedPreempt, 0},     // at sysmon's deadline
+		{schedPreempt - 1, 1}, // just before it
+		{9_000_000, 1},        // the period over, sysmon not yet due
+		{schedRefresh, 1},     // the period just over
+		{schedRefresh - 1, 0}, // the period not over
+		{1_000_000, 0},        // early in the period
+	} {
+		yields = 0
+		start := c.ns - tc.into
+		p.last.Store(start)
+		p.check.Store(start + 1)
+		p.calls.Store(7)
+		table.refreshNow(0, yield)
+		if yields != tc.want {
+			t.Errorf("a post ending %v into the period: %d yields, want %d", time.Duration(tc.into), yields, tc.want)
+		}
+		if yields == 0 {
+			// The count and its read are the tests'; the post is part of
+			// the time between two reads.
+			if p.last.Load() != start || p.check.Load() != start+1 || p.calls.Load() != 7 {
+				t.Errorf("a post ending %v into the period without a yield changed the pace: last %d check %d calls %d, want %d %d 7", time.Duration(tc.into), p.last.Load(), p.check.Load(), p.calls.Load(), start, start+1)
+			}
+		} else if p.last.Load() != c.ns || p.check.Load() != c.ns || p.calls.Load() != 0 {
+			t.Errorf("a post ending %v into the period yielded without starting a period: last %d check %d calls %d, want %d %d 0", time.Duration(tc.into), p.last.Load(), p.check.Load(), p.calls.Load(), c.ns, c.ns)
+		}
 	}
-	p.last.Store(clock.Now() - 9_000_000)
+	yields = 0
+	p.last.Store(c.ns - 9_000_000)
+	table.refreshNow(0, yield)
+	c.advance(time.Millisecond)
 	table.refreshNow(0, yield)
 	if yields != 1 {
-		t.Fatalf("a post ending 9 ms into the period: %d yields, want 1", yields)
-	}
-	table.refreshNow(0, yield)
-	if yields != 1 {
-		t.Fatalf("a post right after a yield yielded again")
+		t.Fatalf("a post 9 ms into the period, then one 1 ms after its yield: %d yields, want 1", yields)
 	}
 }

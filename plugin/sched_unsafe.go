@@ -77,7 +77,19 @@ type schedPace struct {
 
 // paceTable holds one pace per P id; a P beyond it (GOMAXPROCS above 256) is
 // left to sysmon.
-type paceTable [256]schedPace
+type paceTable struct {
+	paces [256]schedPace
+	// now is the clock the table reads: clock.Now's nanoseconds, never 0
+	// (0 means "not set"). nil, as in schedPaces, is clock.Now itself.
+	// Tests set it to drive time themselves: asserting on the wall clock
+	// made them flake whenever a loaded machine descheduled them. It is set
+	// before the table is used and never after. Only the clock reads look
+	// at it, not the counted calls between them, and they test it in line:
+	// a method choosing between it and clock.Now is beyond the inliner's
+	// budget and would add a call to every read. It comes after the paces,
+	// so only the last P's writes can share its cache line.
+	now func() int64
+}
 
 var schedPaces paceTable
 
@@ -123,10 +135,10 @@ func yieldP() int {
 // refresh is refreshSched on P pid; yield passes through the scheduler and
 // returns the P the thread comes back with.
 func (t *paceTable) refresh(pid int, yield func() int) {
-	if pid >= len(t) {
+	if pid >= len(t.paces) {
 		return
 	}
-	p := &t[pid]
+	p := &t.paces[pid]
 	every := max(p.every.Load(), 1)
 	n := p.calls.Load() + 1
 	if n < every {
@@ -134,7 +146,12 @@ func (t *paceTable) refresh(pid int, yield func() int) {
 		return
 	}
 	p.calls.Store(0)
-	now := clock.Now()
+	var now int64
+	if t.now == nil {
+		now = clock.Now()
+	} else {
+		now = t.now()
+	}
 	if prev := p.check.Load(); prev != 0 {
 		p.every.Store(paceEvery(every, now-prev))
 	}
@@ -149,11 +166,16 @@ func (t *paceTable) refresh(pid int, yield func() int) {
 // more into the period ended after sysmon took the P; yielding then only
 // costs the two thread switches, so the next test's read decides.
 func (t *paceTable) refreshNow(pid int, yield func() int) {
-	if pid >= len(t) {
+	if pid >= len(t.paces) {
 		return
 	}
-	p := &t[pid]
-	now := clock.Now()
+	p := &t.paces[pid]
+	var now int64
+	if t.now == nil {
+		now = clock.Now()
+	} else {
+		now = t.now()
+	}
 	if now-p.last.Load() >= schedPreempt {
 		return
 	}
@@ -173,10 +195,10 @@ func (t *paceTable) due(p *schedPace, now int64, yield func() int) {
 	// P's period long over at its next clock read and yield again: with
 	// Gosched, two yields per period.
 	q := yield()
-	if q >= len(t) {
+	if q >= len(t.paces) {
 		return
 	}
-	r := &t[q]
+	r := &t.paces[q]
 	r.last.Store(now)
 	r.check.Store(now)
 	r.calls.Store(0)
