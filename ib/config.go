@@ -216,6 +216,33 @@ func readGIDConfig(log nccl.Logger) gidConfig {
 	return c
 }
 
+func init() {
+	// ncclnet-go env reports what these readers WARN about, from the
+	// readers themselves: their rules go beyond the declared grammar.
+	ncclenv.SetCheck(envAddrFamily.Name(), ncclenv.FromReader(func(log ncclenv.Logger, raw string) {
+		readAddrFamily(warnsOnly{log}, raw)
+	}))
+	ncclenv.SetCheck(envAddrRange.Name(), ncclenv.FromReader(func(log ncclenv.Logger, raw string) {
+		readAddrRange(warnsOnly{log}, raw, readAddrFamily(nccl.DiscardLogger{}, envAddrFamily.Get()))
+	}))
+	ncclenv.SetCheck(envHCA.Name(), func(raw string) ncclenv.Verdict {
+		if vd := envHCA.Check(raw); !vd.OK() {
+			return vd
+		}
+		if w := emptyPortWarnings(raw); len(w) > 0 {
+			return ncclenv.Verdict{Used: raw, Invalid: true, Why: w[0]}
+		}
+		return ncclenv.Verdict{Used: raw}
+	})
+}
+
+// warnsOnly is a nccl.Logger that passes WARNs on and drops the rest.
+type warnsOnly struct{ w ncclenv.Logger }
+
+func (l warnsOnly) Warnf(format string, args ...any) { l.w.Warnf(format, args...) }
+func (warnsOnly) Infof(nccl.Subsys, string, ...any)  {}
+func (warnsOnly) Tracef(nccl.Subsys, string, ...any) {}
+
 // readAddrRange reads NCCL_IB_ADDR_RANGE as NCCL's envIbAddrRange does,
 // for the family NCCL_IB_ADDR_FAMILY chose. The range is ignored (any GID
 // qualifies) when it has no '/', when the address is not one of that family

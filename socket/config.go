@@ -3,6 +3,7 @@ package socket
 import (
 	"math"
 	"runtime"
+	"strconv"
 	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
@@ -165,13 +166,30 @@ func retryPolicy(log nccl.Logger) ncclsock.Retry { return ncclsock.ReadRetry(log
 // a WARN and auto too. (Not a declared range: its WARN would say "using -2".)
 func readAuto(log nccl.Logger, v *ncclenv.IntVar, autoValue int64) int64 {
 	n := v.Get(log)
-	if n < 0 && n != v.Default() {
+	if autoRefused(n) {
 		log.Warnf("%s : ignoring %s=%d: must be >= 0, or -2 for auto; using auto (%d)", logPrefix, v.Name(), n, autoValue)
 	}
 	if n < 0 {
 		return autoValue
 	}
 	return n
+}
+
+// autoRefused says whether readAuto WARNs about count n.
+func autoRefused(n int64) bool { return n < 0 && n != auto }
+
+func init() {
+	// ncclnet-go env reports what readAuto WARNs about, on top of the
+	// declared grammar.
+	for _, v := range []*ncclenv.IntVar{nThreads, nSocks, helpers} {
+		ncclenv.SetCheck(v.Name(), func(raw string) ncclenv.Verdict {
+			vd := v.Check(raw)
+			if n, err := strconv.ParseInt(vd.Used, 10, 64); vd.OK() && err == nil && autoRefused(n) {
+				return ncclenv.Verdict{Used: "auto", Invalid: true, Why: "must be >= 0, or -2 for auto; the plugin uses auto"}
+			}
+			return vd
+		})
+	}
 }
 
 // streamCount is NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD, capped at 64.

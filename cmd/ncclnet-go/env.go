@@ -78,6 +78,10 @@ them).`)
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
 	conf := loadConf()
+	// A check may read another setting (NCCL_IB_ADDR_RANGE's family), which
+	// must come from where the plugin would take it: the files too.
+	conf.install()
+	defer ncclenv.SetLookup(nil)
 	r := buildEnvReport(conf, *onlySet)
 	conf.warnProblems(c, "env")
 	if *asJSON {

@@ -66,6 +66,44 @@ func TestEnvSourcesFollowNCCL(t *testing.T) {
 	assert.False(t, unset, "--set lists only variables that are set")
 }
 
+// Settings whose package reads them by a rule beyond the declared grammar
+// are checked by those readers: every WARN they would print at init is a
+// problem env reports. NCCL_IB_ADDR_RANGE's family comes from nccl.conf
+// here, as the plugin would take it.
+func TestEnvFlagsWhatTheTransportsOwnReadersWarnAbout(t *testing.T) {
+	etc, _ := testEnv(t, map[string]string{
+		"NCCL_SOCKET_NTHREADS":   "-5",
+		"NCCL_NSOCKS_PERTHREAD":  "-2",
+		"NCCL_GO_SOCKET_HELPERS": "-7",
+		"NCCL_IB_ADDR_FAMILY":    "ipv6",
+		"NCCL_IB_HCA":            "mlx5_0:",
+		"NCCL_COMM_ID":           "[::1",
+	})
+	out, errOut, code := runCmd(t, "env", "--set")
+	assert.Equal(t, 1, code, out)
+	for _, line := range []string{
+		`invalid: NCCL_SOCKET_NTHREADS=-5 (env): must be >= 0, or -2 for auto; the plugin uses auto`,
+		`invalid: NCCL_GO_SOCKET_HELPERS=-7 (env): must be >= 0, or -2 for auto; the plugin uses auto`,
+		`invalid: NCCL_IB_ADDR_FAMILY=ipv6 (env): NCCL_IB_ADDR_FAMILY="ipv6" is neither AF_INET nor AF_INET6`,
+		`invalid: NCCL_IB_HCA=mlx5_0: (env): entry "mlx5_0:" has an empty port`,
+		`invalid: NCCL_COMM_ID=[::1 (env): not <host>:<port> or [<ipv6>]:<port>`,
+	} {
+		assert.Contains(t, out, "\n"+line)
+	}
+	assert.NotContains(t, out, ": NCCL_NSOCKS_PERTHREAD=", "-2 is auto, as written")
+	assert.Equal(t, "ncclnet-go env: 5 setting(s) the plugin would ignore or read only in part: NCCL_COMM_ID, NCCL_GO_SOCKET_HELPERS, NCCL_IB_ADDR_FAMILY, NCCL_IB_HCA, NCCL_SOCKET_NTHREADS\n", errOut)
+
+	// An IPv6 range is right for the family nccl.conf sets, wrong without it.
+	etc, _ = testEnv(t, map[string]string{"NCCL_IB_ADDR_RANGE": "fd00::/8"})
+	require.NoError(t, os.WriteFile(etc, []byte("NCCL_IB_ADDR_FAMILY=AF_INET6\n"), 0o644))
+	out, errOut, code = runCmd(t, "env", "--set")
+	assert.Equal(t, 0, code, "%s%s", out, errOut)
+	testEnv(t, map[string]string{"NCCL_IB_ADDR_RANGE": "fd00::/8"})
+	out, _, code = runCmd(t, "env", "--set")
+	assert.Equal(t, 1, code, out)
+	assert.Contains(t, out, `invalid: NCCL_IB_ADDR_RANGE=fd00::/8 (env): ignoring NCCL_IB_ADDR_RANGE="fd00::/8": it is an IPv6 range but NCCL_IB_ADDR_FAMILY is AF_INET`)
+}
+
 func pick(s envSetting) envSetting {
 	return envSetting{Name: s.Name, Value: s.Value, Set: s.Set, Source: s.Source}
 }

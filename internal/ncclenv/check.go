@@ -1,6 +1,9 @@
 package ncclenv
 
-import "strings"
+import (
+	"fmt"
+	"strings"
+)
 
 // Verdict is what a setting's reader makes of a value: the value it uses and,
 // when that is not the value as written, why. ncclnet-go env shows it, so an
@@ -53,4 +56,36 @@ func Check(name, raw string) (v Verdict, ok bool) {
 		return Verdict{}, true
 	}
 	return f(raw), true
+}
+
+// FromReader makes a check out of a reader that takes the raw value and
+// WARNs about what it will not use as written: the first WARN, less its
+// "NET/... : " prefix, is the problem. For settings whose package reads them
+// by a rule of its own (SetCheck), so that ncclnet-go env reports exactly
+// what the plugin would WARN about, from the code that WARNs.
+func FromReader(read func(log Logger, raw string)) func(string) Verdict {
+	return func(raw string) Verdict {
+		var w firstWarn
+		read(&w, raw)
+		if !w.set {
+			return Verdict{Used: raw}
+		}
+		why := w.msg
+		if _, rest, ok := strings.Cut(why, " : "); ok && strings.HasPrefix(why, "NET/") {
+			why = rest
+		}
+		return Verdict{Used: raw, Invalid: true, Why: why}
+	}
+}
+
+// firstWarn is a Logger that keeps the first WARN.
+type firstWarn struct {
+	msg string
+	set bool
+}
+
+func (w *firstWarn) Warnf(format string, args ...any) {
+	if !w.set {
+		w.msg, w.set = fmt.Sprintf(format, args...), true
+	}
 }

@@ -7,6 +7,7 @@
 package ncclsock
 
 import (
+	"fmt"
 	"math"
 	"time"
 
@@ -44,6 +45,16 @@ func init() {
 				Why: "NCCL ignores a value of one character; the plugin uses NCCL's default interface search"}
 		}
 		return IfName.Check(raw)
+	})
+	// subnetOfCommID's syntax rule; env does not resolve host names.
+	ncclenv.SetCheck(CommID.Name(), func(raw string) ncclenv.Verdict {
+		if len(raw) <= 1 {
+			return ncclenv.Verdict{Used: raw}
+		}
+		if _, _, err := splitHostPort(raw); err != nil {
+			return ncclenv.Verdict{Used: "none", Invalid: true, Why: fmt.Sprintf("not <host>:<port> or [<ipv6>]:<port> (%v); the plugin skips its subnet rule when choosing interfaces", err)}
+		}
+		return ncclenv.Verdict{Used: raw}
 	})
 }
 
