@@ -39,7 +39,8 @@ tested. The processes see the environment NCCL would give the plugin (the
 configuration files fill in unset variables), minus the metrics exposure
 variables: a health check must not take a job's metrics ports.
 
---timeout bounds the test: a process still working when it has run that
+--timeout bounds the whole test, not each step: a step after a slow one
+gets only what is left. A process still working when the test has run that
 long fails, naming the step it was in (one stuck inside a plugin call is
 killed 2 s later).
 

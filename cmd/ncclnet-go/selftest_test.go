@@ -5,6 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,18 +217,79 @@ func TestSelftestHelperRefusingItsArgumentsIsStatus2(t *testing.T) {
 	assert.Contains(t, errOut, "--helper")
 }
 
-// --timeout is the test's whole budget: a test that finishes within it
-// passes (until 2026-11-28 the requests' deadline was --timeout - 2 s, and a
-// fraction of a second was dropped: 6.5s allowed 4 s).
+// budgetStep is one line of the helper's budget trace
+// (NCCLNET_GO_SELFTEST_TRACE_BUDGET): a step one process entered, when, and
+// the deadlines it ran under, in seconds from the start of the run.
+type budgetStep struct {
+	rank                   string
+	at, deadline, watchdog float64
+	step                   string
+}
+
+var budgetLine = regexp.MustCompile(`(?m)^selftest-budget rank=([01]) at_s=(\d+\.\d+) deadline_s=(\d+\.\d+) watchdog_s=(\d+\.\d+) step=(.+)$`)
+
+func parseBudgetTrace(t *testing.T, log string) []budgetStep {
+	t.Helper()
+	var out []budgetStep
+	for _, m := range budgetLine.FindAllStringSubmatch(log, -1) {
+		num := func(s string) float64 {
+			f, err := strconv.ParseFloat(s, 64)
+			require.NoError(t, err, s)
+			return f
+		}
+		out = append(out, budgetStep{m[1], num(m[2]), num(m[3]), num(m[4]), m[5]})
+	}
+	return out
+}
+
+// --timeout is one budget for the whole run, not one per step: every step of
+// both processes runs under the deadline --timeout (its fraction included)
+// from the start of the run, so the steps after a slow registration get only
+// what is left of it. The helper reports the deadlines each step ran under;
+// the test checks those, not the wall time, so a slow machine cannot fail it
+// (the timeout leaves a minute of slack). (Until 2026-11-28 the requests'
+// deadline was --timeout - 2 s, and a fraction of a second was dropped: 6.5s
+// allowed 4 s.)
 func TestSelftestTimeoutIsTheWholeBudget(t *testing.T) {
+	const (
+		timeout  = 60.5 // --timeout 60500ms
+		grace    = 2.0  // the helper's WATCHDOG_GRACE: a rank stuck in a plugin call is killed this much later
+		slow     = 2.0  // 2 registrations per process, REGMR_PLUGIN_SLEEP each
+		slack    = 0.0015
+		register = "allocating and registering buffers"
+	)
 	lib, helper := built(t)
 	testEnv(t, nil)
 	t.Setenv("REGMR_PLUGIN_REAL", lib)
-	t.Setenv("REGMR_PLUGIN_SLEEP", "2") // 2 registrations per process: 4 s
+	t.Setenv("REGMR_PLUGIN_SLEEP", "1")
 	t.Setenv("NCCL_SOCKET_IFNAME", "lo")
-	out, errOut, code := runCmd(t, "selftest", "--plugin", testPlugin(t, "regmr-plugin"), "--helper", helper,
-		"--size", "64K", "--iters", "2", "--lat-iters", "10", "--timeout", "6500ms")
-	assert.Equal(t, 0, code, "%s%s", out, errOut)
+	t.Setenv("NCCLNET_GO_SELFTEST_TRACE_BUDGET", "1")
+	out, errOut, code := runCmd(t, "selftest", "-v", "--plugin", testPlugin(t, "regmr-plugin"), "--helper", helper,
+		"--size", "64K", "--iters", "2", "--lat-iters", "10", "--timeout", "60500ms")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	steps := parseBudgetTrace(t, errOut)
+	require.NotEmpty(t, steps, "no budget trace in the plugin log:\n%s", errOut)
+	after := map[string]int{} // steps each process entered after its slow registration
+	for _, rank := range []string{"0", "1"} {
+		registered := false
+		for _, s := range steps {
+			if s.rank != rank {
+				continue
+			}
+			assert.InDelta(t, timeout, s.deadline, slack, "process %s, step %q at %.3f s: its deadline is not the run's", rank, s.step, s.at)
+			assert.InDelta(t, timeout+grace, s.watchdog, slack, "process %s, step %q at %.3f s: the watchdog's limit is not the run's", rank, s.step, s.at)
+			if registered {
+				after[rank]++
+				assert.GreaterOrEqual(t, s.at, slow, "process %s, step %q: entered before its registration could end", rank, s.step)
+				assert.LessOrEqual(t, s.deadline-s.at, timeout-slow+slack,
+					"process %s, step %q at %.3f s got %.3f s: more than what the slow registration left", rank, s.step, s.at, s.deadline-s.at)
+			}
+			registered = registered || strings.HasPrefix(s.step, register)
+		}
+		assert.True(t, registered, "process %s traced no registration step:\n%s", rank, errOut)
+	}
+	assert.Positive(t, after["0"], "process 0 traced no step after its registration:\n%s", errOut)
+	assert.Positive(t, after["1"], "process 1 traced no step after its registration:\n%s", errOut)
 }
 
 // Without --plugin, selftest loads what the job's NCCL would: NCCL_NET_PLUGIN

@@ -21,9 +21,17 @@
  *
  * --plugin takes what NCCL_NET_PLUGIN takes: a comma-separated list is tried
  * in order, as NCCL tries it, and the first library that loads and exports an
- * ncclNetPlugin_vN table is tested. --timeout SEC (fractions allowed) is each
- * process's budget from its start: a wait still pending then fails; a process
- * stuck inside a plugin call is killed WATCHDOG_GRACE seconds later.
+ * ncclNetPlugin_vN table is tested. --timeout SEC (fractions allowed) is one
+ * budget for the whole run, counted from this program's start: every step of
+ * both processes runs under the same deadline, so a step after a slow one has
+ * only what is left of it. A wait still pending at the deadline fails; a
+ * process stuck inside a plugin call is killed WATCHDOG_GRACE seconds later.
+ *
+ * NCCLNET_GO_SELFTEST_TRACE_BUDGET=1 (for tests) has each process print, on
+ * stderr, the deadlines every step it enters runs under, in seconds from the
+ * start of the run:
+ *   "selftest-budget rank=R at_s=T deadline_s=D watchdog_s=W step=STEP"
+ * (D is "none" where the step has no deadline: load --idle).
  *
  * Output (stdout, one line): "result=pass key=value ..." or
  * "result=fail rank=R where=STEP reason=TEXT" (reason runs to the end of the
@@ -52,6 +60,12 @@
  * much longer, so that a process that hit its deadline in a wait reports
  * the wait itself rather than being killed while it does. */
 #define WATCHDOG_GRACE 2.0
+
+/* When the run started (CLOCK_MONOTONIC, as now_ns): the ranks' deadline and
+ * the watchdog's count from here, not from each step or rank. */
+static uint64_t run_start_ns;
+/* NCCLNET_GO_SELFTEST_TRACE_BUDGET is set: step() reports each step's deadlines. */
+static int trace_budget;
 
 typedef struct {
   const char* plugin; /* as given: a name or a path, resolved like NCCL */
@@ -84,6 +98,36 @@ static void out_append(shm_t* s, int rank, const char* fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(t + used, sizeof s->text[0] - used, fmt, ap);
   va_end(ap);
+}
+
+/* Seconds from the start of the run to t (CLOCK_MONOTONIC ns). */
+static double since_start(uint64_t t) { return ((double)t - (double)run_start_ns) / 1e9; }
+
+/* set_where, and with trace_budget a line on stderr saying the deadlines the
+ * step runs under, from the start of the run: this rank's own (r->deadline_ns)
+ * and the watchdog's (cur_start_ns + r->timeout, the per_check limit run_pair
+ * was given and watches this rank with). */
+static void step(rank_t* r, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+static void step(rank_t* r, const char* fmt, ...) {
+  char where[WHERE_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(where, sizeof where, fmt, ap);
+  va_end(ap);
+  set_where(r, "%s", where);
+  if (!trace_budget) return;
+  uint64_t now = now_ns();
+  char deadline[32] = "none", line[WHERE_LEN + 160];
+  if (r->deadline_ns != 0) snprintf(deadline, sizeof deadline, "%.3f", since_start(r->deadline_ns));
+  double watchdog = since_start(atomic_load(&r->shm->cur_start_ns[r->rank])) + r->timeout;
+  int n = snprintf(line, sizeof line, "selftest-budget rank=%d at_s=%.3f deadline_s=%s watchdog_s=%.3f step=%s\n",
+                   r->rank, since_start(now), deadline, watchdog, where);
+  /* One write per line: the two ranks share stderr. A trace that cannot be
+   * written is only missing from the log. */
+  if (n > 0) {
+    ssize_t w = write(STDERR_FILENO, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    (void)w;
+  }
 }
 
 /* NCCL's plugin lookup (plugin_open.cc): the value as given, then, for a bare
@@ -167,16 +211,16 @@ static int stream(rank_t* r, net_t* n, link_t* l, int from, uint8_t* sbuf, uint8
   int window = iters < WINDOW ? iters : WINDOW;
   if (sender) {
     /* Filling touches every page of the window: 8 GiB for 8 x 1 GiB. */
-    set_where(r, "filling %d message%s of %zu bytes (%s)", window, window == 1 ? "" : "s", size,
-              from == 1 ? "1->0" : "0->1");
+    step(r, "filling %d message%s of %zu bytes (%s)", window, window == 1 ? "" : "s", size,
+         from == 1 ? "1->0" : "0->1");
     for (int k = 0; k < window; k++) pattern_fill(arena + (size_t)k * slot, size, seed0 + (uint64_t)k);
   }
-  set_where(r, "barrier before the %s transfer", from == 1 ? "1->0" : "0->1");
+  step(r, "barrier before the %s transfer", from == 1 ? "1->0" : "0->1");
   if (ctl_barrier(r, 60) != 0) {
     snprintf(why, whylen, "the other rank did not reach the transfer");
     return -1;
   }
-  set_where(r, sender ? "sending (rank %d -> %d)" : "receiving (rank %d -> %d)", from, 1 - from);
+  step(r, sender ? "sending (rank %d -> %d)" : "receiving (rank %d -> %d)", from, 1 - from);
   void* reqs[WINDOW];
   int posted = 0, completed = 0;
   uint64_t t0 = now_ns();
@@ -222,7 +266,7 @@ static int pingpong(rank_t* r, net_t* n, link_t* l, uint8_t* sbuf, uint8_t* rbuf
     snprintf(why, whylen, "the other rank did not reach the latency test");
     return -1;
   }
-  set_where(r, "ping-pong");
+  step(r, "ping-pong");
   int warm = iters / 10;
   for (int i = -warm; i < iters; i++) {
     uint64_t seed = 0x5e1f0000u + (uint64_t)(i + warm);
@@ -293,7 +337,7 @@ static int load_traffic(rank_t* r, net_t* n, link_t* l, const st_opts_t* o, uint
     }
     if (flag == ROUND_STOP) return 0;
     if (flag == ROUND_STALL) {
-      set_where(r, "stalled receive (%.1f s)", o->stall);
+      step(r, "stalled receive (%.1f s)", o->stall);
       void* q;
       int got;
       ncclResult_t res;
@@ -337,7 +381,7 @@ static int load_traffic(rank_t* r, net_t* n, link_t* l, const st_opts_t* o, uint
       (*msgs)++;
       continue;
     }
-    set_where(r, sender ? "sending (load)" : "receiving (load)");
+    step(r, sender ? "sending (load)" : "receiving (load)");
     void* reqs[WINDOW];
     for (int k = 0; k < WINDOW; k++) {
       uint8_t* b = (sender ? sbuf : rbuf) + (size_t)k * slot;
@@ -385,10 +429,12 @@ static int st_rank(rank_t* r, void* arg) {
   void *smh = NULL, *rmh = NULL;
   double* rtts = NULL;
   r->check = 0;
-  atomic_store(&s->cur_start_ns[r->rank], now_ns());
+  /* One budget for the whole run: the deadline and the watchdog's clock
+   * start when the run did, and no step resets them. */
+  atomic_store(&s->cur_start_ns[r->rank], run_start_ns);
   atomic_store(&s->cur[r->rank], 0);
-  r->deadline_ns = now_ns() + (uint64_t)(o->timeout * 1e9);
-  set_where(r, "loading %s", o->plugin);
+  r->deadline_ns = run_start_ns + (uint64_t)(o->timeout * 1e9);
+  step(r, "loading %s", o->plugin);
   if (resolve_plugin(o->plugin, name, sizeof name, why, sizeof why) == NULL) goto done;
   if (rank_open(r, &n, name, a->version, &p, why, sizeof why) != 0) goto done;
   loaded_path(&n, path, sizeof path);
@@ -403,7 +449,7 @@ static int st_rank(rank_t* r, void* arg) {
    * memory: 8 GiB per buffer for --size 1G --iters 1. */
   int nslots = o->load || o->iters > WINDOW ? WINDOW : o->iters;
   arena = slot * (size_t)nslots;
-  set_where(r, "allocating and registering buffers (2 x %zu bytes)", arena);
+  step(r, "allocating and registering buffers (2 x %zu bytes)", arena);
   sbuf = buf_alloc(arena);
   rbuf = buf_alloc(arena);
   if (sbuf == NULL || rbuf == NULL) {
@@ -425,7 +471,7 @@ static int st_rank(rank_t* r, void* arg) {
   if (o->load) {
     long long msgs = 0;
     if (o->idle) {
-      set_where(r, "idle (connected, silent)");
+      step(r, "idle (connected, silent)");
       r->deadline_ns = 0;
       atomic_store(&s->cur[r->rank], -1);
       sleep_ms((int)(o->duration * 1000));
@@ -457,7 +503,7 @@ static int st_rank(rank_t* r, void* arg) {
                  rtts[o->lat_iters / 2], rtts[k >= o->lat_iters ? o->lat_iters - 1 : k]);
     }
   }
-  set_where(r, "closing");
+  step(r, "closing");
   if (ctl_barrier(r, 60) != 0) {
     snprintf(why, sizeof why, "the other rank did not finish");
     goto done;
@@ -499,6 +545,9 @@ static int num(const char* flag, const char* v, double lo, double hi, double* ou
 }
 
 int main(int argc, char** argv) {
+  run_start_ns = now_ns();
+  const char* tb = getenv("NCCLNET_GO_SELFTEST_TRACE_BUDGET");
+  trace_budget = tb != NULL && tb[0] != 0 && strcmp(tb, "0") != 0;
   if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
