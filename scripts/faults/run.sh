@@ -13,6 +13,11 @@
 #
 #   scripts/faults/run.sh [--plugin SO] [--shm-plugin SO] [--harness BIN] [--impair BIN] [--only A,B] [--list]
 #
+# --only runs the named scenarios (comma-separated, in the lane's order); a
+# name that is not a scenario, or a list that names none, is a usage error
+# (exit 2) before anything is built, checked or set up. --list prints the
+# scenario names (with --only, the ones it selects).
+#
 # The shm-* scenarios run the same driver against the SDK example transport
 # (libnccl-net-shm.so: same host, so no namespaces).
 #
@@ -29,6 +34,8 @@ SHM_PLUGIN=build/libnccl-net-shm.so
 HARNESS=build/ncclnet-harness
 IMPAIR=build/impair
 ONLY=""
+ONLY_ARG=""
+ONLY_SET=0
 LIST=0
 OUT=${FAULTS_OUT:-build/faults}
 KILL_TRIALS=${FAULTS_KILL_TRIALS:-100}
@@ -39,11 +46,15 @@ usage() {
 }
 while [ $# -gt 0 ]; do
   case "$1" in
+    --plugin | --shm-plugin | --harness | --impair | --only)
+      [ $# -ge 2 ] || { echo "$0: $1 needs a value" >&2; usage; } ;;
+  esac
+  case "$1" in
     --plugin) PLUGIN=$2; shift 2 ;;
     --shm-plugin) SHM_PLUGIN=$2; shift 2 ;;
     --harness) HARNESS=$2; shift 2 ;;
     --impair) IMPAIR=$2; shift 2 ;;
-    --only) ONLY=$2; shift 2 ;;
+    --only) ONLY=$2; ONLY_ARG=$2; ONLY_SET=1; shift 2 ;;
     --list) LIST=1; shift ;;
     *) usage ;;
   esac
@@ -60,7 +71,41 @@ NETNS=(--netns "$NS_A,$NS_B")
 SCENARIOS=(path-veth path-relay slow-recv-0 slow-recv-4 slow-link kill kill-4 kill-forked connect-refused connect-blackhole
   impaired impaired-4 link-down link-down-timeout cable-cut cable-cut-timeout cable-cut-short freeze-recv freeze-send stray
   abort-v12 abort-v10 shm-slow-recv shm-kill shm-kill-forked shm-freeze-recv shm-abort)
-if [ $LIST = 1 ]; then printf '%s\n' "${SCENARIOS[@]}"; exit 0; fi
+
+# --only: every name must be a scenario, and at least one must be given; a
+# misspelt name would otherwise run nothing and report "all scenarios passed".
+# Checked before anything that needs root, the builds or the namespaces.
+if [ $ONLY_SET = 1 ]; then
+  declare -a only_names=() unknown=()
+  IFS=, read -r -a only_names <<<"$ONLY"
+  ONLY=""
+  for n in "${only_names[@]}"; do
+    n=${n#"${n%%[![:space:]]*}"} # blanks around a name are not part of it
+    n=${n%"${n##*[![:space:]]}"}
+    [ -n "$n" ] || continue
+    known=0
+    for s in "${SCENARIOS[@]}"; do [ "$s" = "$n" ] && { known=1; break; }; done
+    if [ $known = 1 ]; then ONLY+="${ONLY:+,}$n"; else unknown+=("$n"); fi
+  done
+  if [ ${#unknown[@]} -gt 0 ]; then
+    echo "$0: --only: unknown scenario${unknown[1]:+s}: ${unknown[*]} (see $0 --list)" >&2
+    exit 2
+  fi
+  if [ -z "$ONLY" ]; then
+    echo "$0: --only \"$ONLY_ARG\" names no scenario (see $0 --list)" >&2
+    exit 2
+  fi
+fi
+
+selected() {
+  [ -z "$ONLY" ] && return 0
+  [[ ",$ONLY," == *",$1,"* ]]
+}
+
+if [ $LIST = 1 ]; then
+  for s in "${SCENARIOS[@]}"; do selected "$s" && echo "$s"; done
+  exit 0
+fi
 
 log() { echo "test-faults: $*"; }
 die() { log "FAIL: $*"; exit 1; }
@@ -166,11 +211,6 @@ paths_ready() {
 }
 
 impair() { "$IMPAIR" ctl -ctl "$CTL" "$@"; }
-
-selected() {
-  [ -z "$ONLY" ] && return 0
-  [[ ",$ONLY," == *",$1,"* ]]
-}
 
 declare -a RESULTS=()
 FAILED=0
