@@ -71,7 +71,7 @@ func TestEnvSourcesFollowNCCL(t *testing.T) {
 // problem env reports. NCCL_IB_ADDR_RANGE's family comes from nccl.conf
 // here, as the plugin would take it.
 func TestEnvFlagsWhatTheTransportsOwnReadersWarnAbout(t *testing.T) {
-	etc, _ := testEnv(t, map[string]string{
+	testEnv(t, map[string]string{
 		"NCCL_SOCKET_NTHREADS":   "-5",
 		"NCCL_NSOCKS_PERTHREAD":  "-2",
 		"NCCL_GO_SOCKET_HELPERS": "-7",
@@ -94,7 +94,7 @@ func TestEnvFlagsWhatTheTransportsOwnReadersWarnAbout(t *testing.T) {
 	assert.Equal(t, "ncclnet-go env: 5 setting(s) the plugin would ignore or read only in part: NCCL_COMM_ID, NCCL_GO_SOCKET_HELPERS, NCCL_IB_ADDR_FAMILY, NCCL_IB_HCA, NCCL_SOCKET_NTHREADS\n", errOut)
 
 	// An IPv6 range is right for the family nccl.conf sets, wrong without it.
-	etc, _ = testEnv(t, map[string]string{"NCCL_IB_ADDR_RANGE": "fd00::/8"})
+	etc, _ := testEnv(t, map[string]string{"NCCL_IB_ADDR_RANGE": "fd00::/8"})
 	require.NoError(t, os.WriteFile(etc, []byte("NCCL_IB_ADDR_FAMILY=AF_INET6\n"), 0o644))
 	out, errOut, code = runCmd(t, "env", "--set")
 	assert.Equal(t, 0, code, "%s%s", out, errOut)
