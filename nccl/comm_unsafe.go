@@ -13,13 +13,18 @@ type Comm interface {
 	// RegMr registers [data, data+size) of memory kind ptrType.
 	RegMr(data unsafe.Pointer, size int, ptrType PtrType) (MemHandle, error)
 	// DeregMr releases a registration. mh may be zero (NCCL deregisters failed
-	// registrations too), which must succeed.
+	// registrations too), which must succeed. NCCL frees the memory as soon
+	// as DeregMr returns, before it closes the comm, and after an abort with
+	// requests on it still outstanding (net.cc's recvProxyFree: deregMr,
+	// free, closeRecv): from then on nothing of the transport (no goroutine,
+	// no NIC) may write or read it. A request whose memory went away may
+	// fail. nccltest's DeregMrFence checks it.
 	DeregMr(mh MemHandle) error
 	// Close releases the comm. Requests may still be outstanding (ncclCommAbort):
 	// Close must return promptly without waiting for the peer and leak nothing.
-	// It runs on NCCL's thread, which frees the comm's buffers as soon as it
-	// returns, so the glue waits for it: every wait inside must end within
-	// NCCL_GO_TIMEOUT, and nothing may touch the buffers after.
+	// It runs on NCCL's thread, and any memory still registered may be freed
+	// as soon as it returns, so the glue waits for it: every wait inside must
+	// end within NCCL_GO_TIMEOUT, and nothing may touch the buffers after.
 	Close() error
 }
 

@@ -268,8 +268,9 @@ func closeCall(tag uint8) string {
 	return "closeListen"
 }
 
-// netClose closes a comm on the caller's thread. NCCL frees the comm's
-// buffers as soon as close returns, so the transport's Close runs to the end
+// netClose closes a comm on the caller's thread. NCCL frees whatever the
+// comm still used as soon as close returns (its own buffers even earlier,
+// right after deregMr), so the transport's Close runs to the end
 // here, never on a goroutine left behind; transports bound it by
 // NCCL_GO_TIMEOUT (nccl.Comm), and a slow one gets a WARN naming it.
 // Requests still outstanding (ncclCommAbort) are settled: counted as

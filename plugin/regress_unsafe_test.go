@@ -253,7 +253,7 @@ type listenHook struct {
 func (h *listenHook) Listen(int, *nccl.Handle) (nccl.Listener, error) { return h.l, nil }
 
 // close runs the transport's Close on the caller's thread and returns after
-// it: NCCL frees the comm's buffers as soon as close returns, so a Close left
+// it: NCCL frees what the comm still used as soon as close returns, so a Close left
 // running on a goroutine could touch freed memory.
 func TestCloseRunsTransportCloseOnCallersThread(t *testing.T) {
 	rc := &goroutineRecvComm{}

@@ -387,8 +387,8 @@ func (r *recvComm) RegMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.Me
 	return r.regMr(data, size, t)
 }
 
-// DeregMr implements nccl.Comm.
-func (r *recvComm) DeregMr(nccl.MemHandle) error { return nil }
+// DeregMr implements nccl.Comm: a fence for the helpers (core.deregMr).
+func (r *recvComm) DeregMr(mh nccl.MemHandle) error { return r.deregMr(mh) }
 
 // Close implements nccl.Comm.
 func (r *recvComm) Close() error { return r.close() }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/forkguard"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -44,7 +45,14 @@ type core struct {
 	stats connStats
 
 	mhSeq atomic.Uint64
+	// The registered ranges, by handle: DeregMr's fence (deregMr) needs to
+	// know what memory NCCL is about to free. Set-up calls only.
+	mrMu sync.Mutex
+	mrs  map[nccl.MemHandle]memRange
 }
+
+// memRange is registered memory, [lo, hi).
+type memRange struct{ lo, hi uintptr }
 
 // connStats is what a connection did, logged when it closes: whether its
 // messages travelled inline or striped, and who moved the striped chunks, is
@@ -104,7 +112,7 @@ func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send b
 	if n := o.helpers; n > 0 && len(c.streams) > 0 {
 		c.helpers = make([]*helper, min(n, len(c.streams)))
 		for i := range c.helpers {
-			fd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+			fd, err := helperEventfd.Get()()
 			if err != nil {
 				for _, h := range c.helpers[:i] {
 					unix.Close(h.evfd)
@@ -127,6 +135,11 @@ func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send b
 	}
 	return nil
 }
+
+// helperEventfd makes a helper's wake-up descriptor; tests make it fail.
+var helperEventfd = testhook.New(func() (int, error) {
+	return unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+})
 
 // peerName is the peer's address for logs.
 func peerName(fd int) string {
@@ -205,10 +218,7 @@ func (c *core) close() error {
 		return nil
 	}
 	c.fail(nccl.SystemError, "connection with %s closed", c.peer)
-	for _, h := range c.helpers {
-		eventSignal(h.evfd, &h.wbuf)
-	}
-	c.hwg.Wait()
+	c.stopHelpers()
 	c.logStats()
 	for _, h := range c.helpers {
 		unix.Close(h.evfd)
@@ -253,9 +263,72 @@ func (c *core) regMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.MemHan
 		return 0, nccl.Errorf(nccl.InvalidArgument, "RegMr of %d bytes", size)
 	}
 	// Nothing to pin: the handle only has to be non-zero and unique enough to
-	// tell registrations apart in traces.
-	_ = data
-	return nccl.MemHandle(c.mhSeq.Add(1)), nil
+	// tell registrations apart in traces. The range is kept for deregMr.
+	mh := nccl.MemHandle(c.mhSeq.Add(1))
+	if len(c.helpers) > 0 && size > 0 {
+		c.mrMu.Lock()
+		if c.mrs == nil {
+			c.mrs = map[nccl.MemHandle]memRange{}
+		}
+		c.mrs[mh] = memRange{uintptr(data), uintptr(data) + uintptr(size)}
+		c.mrMu.Unlock()
+	}
+	return mh, nil
+}
+
+// deregMr is a fence for the helpers. NCCL frees a buffer right after it
+// deregisters it, before it closes the comm (net.cc's sendProxyFree and
+// recvProxyFree: deregMr, free, then close), and after an abort it does so
+// with transfers still queued. NCCL's own thread touches a buffer only
+// inside the calls NCCL makes, which have stopped by then; a helper would go
+// on copying into the freed memory, or sending it. So when a chunk in the
+// range is still queued, the connection fails and the helpers stop before
+// deregMr returns. A range with nothing queued (the usual case: NCCL
+// deregisters buffers it no longer uses) changes nothing.
+func (c *core) deregMr(mh nccl.MemHandle) error {
+	c.mrMu.Lock()
+	r, ok := c.mrs[mh]
+	delete(c.mrs, mh)
+	c.mrMu.Unlock()
+	if !ok || !c.queuedIn(r) {
+		return nil
+	}
+	c.fail(nccl.SystemError, "connection with %s: memory [%#x, %#x) was deregistered while a transfer in it was still queued "+
+		"(the connection is being torn down)", c.peer, r.lo, r.hi)
+	c.stopHelpers()
+	return nil
+}
+
+// queuedIn reports whether a chunk queued on a data stream lies in r. It
+// takes each stream's busy lock in turn, which its holder gives back within
+// one move (non-blocking calls only): with it held, the chunks between head
+// and tail stay put, and NCCL's thread only ever writes the slot at tail.
+func (c *core) queuedIn(r memRange) bool {
+	for _, s := range c.streams {
+		for !s.busy.CompareAndSwap(0, 1) {
+			time.Sleep(20 * time.Microsecond)
+		}
+		hit := false
+		for i, t := s.head.Load(), s.tail.Load(); i != t && !hit; i++ {
+			k := &s.ring[i%ringSize]
+			hit = k.p != nil && uintptr(k.p) < r.hi && uintptr(k.p)+uintptr(k.n) > r.lo
+		}
+		s.busy.Store(0)
+		if hit {
+			return true
+		}
+	}
+	return false
+}
+
+// stopHelpers ends the helpers once the connection has failed (they leave
+// their loop on its error) and waits for them.
+func (c *core) stopHelpers() {
+	var one uint64 // not the helpers' wbuf: NCCL's thread may signal at once
+	for _, h := range c.helpers {
+		eventSignal(h.evfd, &one)
+	}
+	c.hwg.Wait()
 }
 
 // task is one chunk for a data stream: write (sender) or read into p; p nil
@@ -366,6 +439,11 @@ func (s *stream) move(helper bool) (bool, error) {
 // stream a helper holds is skipped, and so is one whose helper is keeping up
 // (overdue): NCCL's thread steps in only for a helper that cannot run.
 func (c *core) pump(send bool) {
+	if c.err.Load() != nil {
+		// Failed for good: nothing left to move, and after a fence
+		// (deregMr) the memory the chunks point at may be gone.
+		return
+	}
 	var now int64
 	for _, s := range c.streams {
 		if !s.pending() {

@@ -1,5 +1,6 @@
 // Package testhook is the one way production code lets tests replace a
-// package-level dependency (the host's interface list, a step of listen):
+// package-level dependency (the host's interface list, a step of listen, the
+// socket helpers' eventfd):
 // the code declares a Hook with the real value and calls Get; a test calls
 // Set, which puts the previous value back when the test ends, so no test
 // leaks its fake into the next one. Get is one atomic load.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -36,6 +37,7 @@ var cases = []struct {
 	{"ConcurrentSetup", testConcurrentSetup},
 	{"SenderClosesFirst", testSenderClosesFirst},
 	{"CloseOutstanding", testCloseOutstanding},
+	{"DeregMrFence", testDeregMrFence},
 	{"SenderClosedFailsPending", testSenderClosedFailsPending},
 }
 
@@ -623,7 +625,7 @@ func testCloseOutstanding(h *subtest) {
 	}
 	p := h.connect()
 	h.pump(h.newFlow("after closing with requests outstanding", p, mixedGroups(8, 0)))
-	// NCCL frees a closed comm's receive buffers as soon as Close returns:
+	// Memory a closed comm used may be freed as soon as Close returns:
 	// those nothing was sent to must still hold what they held then, after
 	// the transport has been driven on another comm.
 	for i, ro := range fr.recvs[:fr.nextR] {
@@ -636,6 +638,64 @@ func testCloseOutstanding(h *subtest) {
 			}
 		}
 	}
+}
+
+// testDeregMrFence: NCCL deregisters and frees its buffers before it
+// closes the comm (net.cc's recvProxyFree: deregMr, free, then closeRecv),
+// and after an abort it does so with requests outstanding and its progress
+// thread stopped. Once DeregMr returned, nothing may write into the memory,
+// whatever still arrives for it: here a large transfer is cut mid-way, the
+// receive buffer deregistered and refilled as a new owner would, and the
+// sender driven on alone. The transfer itself may complete or fail.
+func testDeregMrFence(h *subtest) {
+	size := min(h.suite.opts.MaxSize, 16<<20)
+	p := h.connect()
+	src := h.buffer(p.send, size)
+	for i := range src.b {
+		src.b[i] = byte(i*7 + 1)
+	}
+	dst := h.buffer(nil, size)
+	var mh nccl.MemHandle
+	var err error
+	h.call("RegMr", func() { mh, err = p.recv.RegMr(dst.ptr(), len(dst.m), nccl.PtrHost) })
+	h.noError(err, "RegMr of the receive buffer")
+	var rreq, sreq nccl.Request
+	h.call("Irecv", func() { rreq, err = p.recv.Irecv([]nccl.RecvBuffer{{Data: dst.ptr(), Size: size, Tag: 3, MH: mh}}) })
+	h.noError(err, "Irecv")
+	for rreq == nccl.NoRequest && !h.expired() {
+		h.call("Irecv", func() { rreq, err = p.recv.Irecv([]nccl.RecvBuffer{{Data: dst.ptr(), Size: size, Tag: 3, MH: mh}}) })
+		h.noError(err, "Irecv")
+	}
+	h.call("Isend", func() { sreq, err = p.send.Isend(src.ptr(), size, 3, src.mh) })
+	h.noError(err, "Isend")
+	for sreq == nccl.NoRequest && !h.expired() {
+		h.call("Isend", func() { sreq, err = p.send.Isend(src.ptr(), size, 3, src.mh) })
+		h.noError(err, "Isend")
+	}
+	// A few rounds of both ends: the receive matched, bytes on their way.
+	sdone, sfailed, rdone := false, false, false
+	for i := 0; i < 8 && !rdone; i++ {
+		if !sdone && !sfailed {
+			h.call("SendComm.Test", func() { sdone, _, err = p.send.Test(sreq) })
+			sfailed = err != nil
+		}
+		h.call("RecvComm.Test", func() { rdone, err = p.recv.Test(rreq, nil) })
+		h.noError(err, "RecvComm.Test before DeregMr")
+	}
+	h.call("DeregMr", func() { err = p.recv.DeregMr(mh) })
+	h.noError(err, "DeregMr with a receive outstanding (NCCL's teardown after an abort)")
+	// The memory's next owner writes it; from here on it is not the transport's.
+	fillSentinel(dst.b)
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end) && !sdone && !sfailed; {
+		h.call("SendComm.Test", func() { sdone, _, err = p.send.Test(sreq) })
+		sfailed = err != nil
+		runtime.Gosched()
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := checkSentinel(dst.b, 0); err != nil {
+		h.errorf("the receive buffer was written after DeregMr returned (NCCL frees it then): %v", err)
+	}
+	h.closePair(p)
 }
 
 // testSenderClosesFirst closes the sending end as soon as every send reports
