@@ -46,8 +46,17 @@ type listener struct {
 	closed   bool
 	greeting []*greeting
 	conns    map[uint64]*incoming
-	ready    []*recvComm // complete, not yet handed out
+	ready    []accepted // complete, not yet handed out
 	fdWarned bool
+}
+
+// accepted is a connection whose streams all arrived: its comm, or why it
+// could not be set up. The connector already has its comm, so a failure is
+// Accept's answer in its turn, not something to drop: NCCL would call accept
+// for it forever.
+type accepted struct {
+	rc  *recvComm
+	err error
 }
 
 // greeting is an accepted stream whose hello is still arriving.
@@ -135,9 +144,12 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 	if len(l.ready) == 0 {
 		return nil, nil
 	}
-	rc := l.ready[0]
+	a := l.ready[0]
 	l.ready = l.ready[1:]
-	return rc, nil
+	if a.err != nil {
+		return nil, a.err
+	}
+	return a.rc, nil
 }
 
 // acceptNew takes the connections the kernel has queued.
@@ -265,10 +277,9 @@ func (l *listener) file(g *greeting, t int64) {
 	delete(l.conns, m.connID)
 	rc, err := newRecvComm(in.cs, l.info, l.opts, l.log)
 	if err != nil {
-		l.log.Warnf("NET/GoSocket : setting up the connection from %s: %v", in.peer, err)
-		return
+		err = nccl.Errorf(nccl.ResultOf(err), "setting up the connection from %s: %w", in.peer, err)
 	}
-	l.ready = append(l.ready, rc)
+	l.ready = append(l.ready, accepted{rc, err})
 }
 
 // expire drops connections whose streams did not all arrive in time: their
@@ -306,8 +317,10 @@ func (l *listener) Close() error {
 	ready := l.ready
 	l.ready = nil
 	l.mu.Unlock()
-	for _, rc := range ready {
-		rc.Close()
+	for _, a := range ready {
+		if a.rc != nil {
+			a.rc.Close()
+		}
 	}
 	l.t.mu.Lock()
 	delete(l.t.listeners, l)
