@@ -149,7 +149,7 @@ func (t *Transport) deviceFatal(devs []*device) error {
 
 // newCore creates CQs and nqps QPs (QP i on member i % ndevs) in INIT, and
 // resolves each member's GID for this connection.
-func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxInline int, setup setupBound) (_ *commCore, err error) {
+func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraCQ, maxRecv, maxInline int, setup setupBound) (_ *commCore, err error) {
 	c := &commCore{t: t, cfg: &t.cfg, log: t.log, ptrSupport: t.ptrSupport(devs), setup: setup}
 	t.commBuilt()
 	c.name = devs[0].name
@@ -193,7 +193,7 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		di := i % len(devs)
 		d := devs[di]
 		qp, err := d.hca.pd.CreateQP(verbs.QPInitAttr{SendCQ: c.cqs[di], RecvCQ: c.cqs[di], MaxSendWR: 2 * maxRequests,
-			MaxRecvWR: maxRequests, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: maxInline})
+			MaxRecvWR: maxRecv, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: maxInline})
 		if err != nil {
 			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_qp on %s: %w (max_qp %d reached? NCCL_IB_QPS_PER_CONNECTION lowers the count)", d, err, d.hca.attr.MaxQP)
 		}
@@ -399,8 +399,11 @@ func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
 	case wrFlush:
 		kind = "flush"
 	}
-	c.log.Warnf("NET/GoIB : got completion from peer %s with status=%v(%d) opcode=%v (%s) len=%d vendor_err=%d on %s: %s",
-		c.peer, wc.Status, int(wc.Status), wc.Opcode, kind, wc.ByteLen, wc.VendorErr, c.devs[ci].device, hint)
+	// Of an error completion only wr_id, status, qp_num and vendor_err are
+	// valid (ibv_poll_cq(3); mlx5 fills no more), so the kind comes from
+	// the wr_id and the opcode and length are not printed.
+	c.log.Warnf("NET/GoIB : got completion from peer %s with status=%v(%d) (%s) qp=%d vendor_err=%d on %s: %s",
+		c.peer, wc.Status, int(wc.Status), kind, wc.QPNum, wc.VendorErr, c.devs[ci].device, hint)
 	// A flushed completion is what a QP in the error state returns, which a
 	// dying device causes as well as an earlier failure: wait for the event.
 	return c.verbsFailed(nccl.Errorf(nccl.RemoteError, "NET/GoIB : completion with status %v on %s from %s", wc.Status, c.devs[ci].device, c.peer),

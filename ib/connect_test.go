@@ -133,3 +133,24 @@ func TestQoSSaysWhereEachValueCameFrom(t *testing.T) {
 	c.fifoTC = 7
 	assert.Equal(t, qos{7, 3, "NCCL_IB_FIFO_TC", r.slFrom}, c.receiverQoS(&connMeta{TC: 41, SL: 3}))
 }
+
+// The flush QP gets the sender's service level and traffic class, as NCCL's
+// flush QP gets the remote meta's: with SL 0 on a fabric where SL 0 is not
+// usable on the port, the GPU-direct flush READ would fail while the data,
+// on the configured SL, flows.
+func TestFlushQPUsesTheSendersServiceLevel(t *testing.T) {
+	for _, ll := range []verbs.LinkLayer{verbs.LinkInfiniBand, verbs.LinkEthernet} {
+		setEnv(t, "NCCL_IB_SL", "5", "NCCL_IB_TC", "96", "NCCL_GO_IB_FORCE_FLUSH", "1")
+		f, a, b := twoHosts(t, softnic.DeviceConfig{LinkLayer: ll})
+		_, rc := connectPair(t, a, 0, b, 0)
+		require.NotEmpty(t, rc.flush.qps, "%v: NCCL_GO_IB_FORCE_FLUSH=1 gives the receive comm a flush QP", ll)
+		for _, q := range rc.flush.qps {
+			rtr, ok := f.RTR(q.Num())
+			require.True(t, ok)
+			assert.EqualValues(t, 5, rtr.AH.SL, "%v: flush QP service level", ll)
+			if ll == verbs.LinkEthernet {
+				assert.EqualValues(t, 96, rtr.AH.TrafficClass, "RoCE flush QP traffic class")
+			}
+		}
+	}
+}

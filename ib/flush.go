@@ -20,7 +20,10 @@ type flushReq struct {
 	pending int
 }
 
-func (f *flusher) setup(c *commCore) error {
+// setup creates the flush QPs. tc and sl are the sender's, as NCCL gives its
+// flush QP the remote meta's: on a fabric where SL 0 is not usable on the
+// port the READ would fail while the data, on the configured SL, flows.
+func (f *flusher) setup(c *commCore, tc, sl int) error {
 	var err error
 	if f.mem, err = newHostMem(int(pageSize)); err != nil {
 		return nccl.Errorf(nccl.SystemError, "NET/GoIB : flush buffer: %w", err)
@@ -40,9 +43,12 @@ func (f *flusher) setup(c *commCore) error {
 		}
 		f.qps = append(f.qps, qp)
 		d.hca.owners.Store(qp.Num(), c)
-		ah := verbs.AH{Port: d.port}
+		ah := verbs.AH{Port: d.port, SL: uint8(sl)}
 		if d.attr.LinkLayer == verbs.LinkEthernet || d.attr.Flags&verbs.PortGRHRequired != 0 {
 			ah.IsGlobal, ah.DGID, ah.SGIDIndex, ah.HopLimit = true, d.gid, d.gidIndex, 255
+		}
+		if d.attr.LinkLayer == verbs.LinkEthernet {
+			ah.TrafficClass = uint8(tc)
 		}
 		if d.attr.LinkLayer != verbs.LinkEthernet {
 			ah.DLID = d.attr.LID

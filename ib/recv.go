@@ -45,7 +45,7 @@ func newRecvComm(t *Transport, devs []*device, sm *connMeta, peer string, setup 
 	if t.cfg.useInline {
 		inline = ctsInlineBytes
 	}
-	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic, 2*len(devs)+maxRequests, inline, setup)
+	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite|verbs.AccessRemoteRead|verbs.AccessRemoteAtomic, 2*len(devs)+maxRequests, maxRequests, inline, setup)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +80,7 @@ func newRecvComm(t *Transport, devs []*device, sm *connMeta, peer string, setup 
 		return nil, err
 	}
 	if (c.ptrSupport&(nccl.PtrCUDA|nccl.PtrDMABuf) != 0 || t.cfg.forceFlush) && !t.cfg.noFlush {
-		if err := c.flush.setup(c.commCore); err != nil {
+		if err := c.flush.setup(c.commCore, int(sm.TC), int(sm.SL)); err != nil {
 			return nil, err
 		}
 	}

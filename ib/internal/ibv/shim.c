@@ -333,11 +333,19 @@ int nb_poll_cq(struct ibv_cq* cq, gowc* out, int n) {
     if (got < 0) return total ? total : -EIO;
     for (int i = 0; i < got; i++) {
       gowc* g = &out[total + i];
-      g->wr_id = wc[i].wr_id; g->byte_len = wc[i].byte_len;
+      g->wr_id = wc[i].wr_id;
+      g->qp_num = wc[i].qp_num; g->vendor_err = wc[i].vendor_err;
+      g->status = (uint8_t)wc[i].status;
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        /* Only wr_id, status, qp_num and vendor_err are valid in an error
+         * completion (ibv_poll_cq(3)); mlx5 leaves the rest as it was. */
+        g->byte_len = 0; g->with_imm = 0; g->imm = 0; g->opcode = 0;
+        continue;
+      }
+      g->byte_len = wc[i].byte_len;
       g->with_imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
       g->imm = g->with_imm ? ntohl(wc[i].imm_data) : 0;
-      g->qp_num = wc[i].qp_num; g->vendor_err = wc[i].vendor_err;
-      g->status = (uint8_t)wc[i].status; g->opcode = (uint8_t)wc[i].opcode;
+      g->opcode = (uint8_t)wc[i].opcode;
     }
     total += got;
     if (got < want) break;

@@ -611,3 +611,16 @@ func (d *Device) SetGID(port, index int, e GIDEntry) {
 	p.attr.GIDTblLen = len(p.gids)
 	d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventGIDChange, Port: port})
 }
+
+// RTR returns the attributes QP qpn was moved to RTR with, so that tests can
+// check what the transport asked of the NIC.
+func (f *Fabric) RTR(qpn uint32) (verbs.RTRAttr, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, d := range f.byName {
+		if q := d.qps[qpn]; q != nil {
+			return q.rtr, true
+		}
+	}
+	return verbs.RTRAttr{}, false
+}

@@ -270,8 +270,10 @@ func (q *qp) PostRecv(wrs []verbs.RecvWR) (int, error) {
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		// A 0-length SGE is not "nothing" on ConnectX: a byte count of 0
-		// means 2 GiB. Receive WRs that only catch immediates have no SGE.
+		// Stricter than mlx5, whose provider drops a 0-length SGE (the
+		// hardware's data segment would read a byte count of 0 as 2 GiB;
+		// other providers may pass it on). Receive WRs that only catch
+		// immediates have no SGE.
 		if q.state == qpsReset || wr.NumSGE > 1 || wr.NumSGE == 1 && wr.SGE.Length == 0 {
 			return i, fmt.Errorf("softnic: post_recv on QP %#x (state %d, %d SGEs of %d bytes): %w", q.num, q.state, wr.NumSGE, wr.SGE.Length, verbs.EINVAL)
 		}
@@ -457,7 +459,8 @@ func (q *qp) toErrorLocked() {
 //
 // The checks are the ones a ConnectX makes: a local SGE needs a live lkey of
 // this PD covering it (local write access for READ targets) and must not be
-// 0 bytes long (a byte count of 0 means 2 GiB there); an RDMA operation
+// 0 bytes long (stricter than mlx5's provider, which drops such an SGE: the
+// hardware would read a byte count of 0 as 2 GiB); an RDMA operation
 // needs a non-zero rkey and remote address even when it moves no data, and,
 // when it moves data, a live MR of the responder's PD covering the range
 // with the access the operation needs, on a QP that grants it too.
