@@ -373,7 +373,7 @@ func linkLayerOf(devs []*device) verbs.LinkLayer {
 }
 
 // wcFailed turns an error completion into RemoteError with a WARN naming the
-// status, opcode, peer, device and what to check.
+// status, the WR kind, the QP, peer, device and what to check.
 func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
 	var hint string
 	switch wc.Status {

@@ -59,8 +59,9 @@ type sendComm struct {
 func newSendComm(t *Transport, devs []*device, remDevs int, peer string, setup setupBound) (*sendComm, error) {
 	nqps := min(max(len(devs), remDevs)*t.cfg.qpsPerConn, maxQPs)
 	// No receive queue: nothing is ever sent to a sender's QPs with a
-	// receive to consume (the CTS entries arrive by RDMA WRITE), as NCCL's
-	// sender QPs have none; each would pin a queue and its doorbell record.
+	// receive to consume (the CTS entries arrive by RDMA WRITE), as NCCL
+	// 2.29+'s sender QPs have none; each would pin a queue and its doorbell
+	// record.
 	core, err := newCore(t, devs, nqps, verbs.AccessRemoteWrite, 0, 0, 0, setup)
 	if err != nil {
 		return nil, err

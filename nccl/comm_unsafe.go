@@ -13,12 +13,13 @@ type Comm interface {
 	// RegMr registers [data, data+size) of memory kind ptrType.
 	RegMr(data unsafe.Pointer, size int, ptrType PtrType) (MemHandle, error)
 	// DeregMr releases a registration. mh may be zero (NCCL deregisters failed
-	// registrations too), which must succeed. NCCL frees the memory as soon
-	// as DeregMr returns, before it closes the comm, and after an abort with
-	// requests on it still outstanding (net.cc's recvProxyFree: deregMr,
-	// free, closeRecv): from then on nothing of the transport (no goroutine,
-	// no NIC) may write or read it. A request whose memory went away may
-	// fail. nccltest's DeregMrFence checks it.
+	// registrations too), which must succeed. NCCL frees memory as soon as
+	// the last registration covering it is released, before it closes the
+	// comm, and after an abort with requests on it still outstanding
+	// (net.cc's recvProxyFree: deregMr, free, closeRecv): from then on
+	// nothing of the transport (no goroutine, no NIC) may write or read it. A
+	// request whose memory went away may fail. nccltest's DeregMrFence checks
+	// it.
 	DeregMr(mh MemHandle) error
 	// Close releases the comm. Requests may still be outstanding (ncclCommAbort):
 	// Close must return promptly without waiting for the peer and leak nothing.

@@ -184,7 +184,8 @@ func init() {
 	for _, v := range []*ncclenv.IntVar{nThreads, nSocks, helpers} {
 		ncclenv.SetCheck(v.Name(), func(raw string) ncclenv.Verdict {
 			vd := v.Check(raw)
-			if n, err := strconv.ParseInt(vd.Used, 10, 64); vd.OK() && err == nil && autoRefused(n) {
+			// Also when read in part ("-1k" is -1): readAuto sees the number.
+			if n, err := strconv.ParseInt(vd.Used, 10, 64); !vd.Invalid && err == nil && autoRefused(n) {
 				return ncclenv.Verdict{Used: "auto", Invalid: true, Why: "must be >= 0, or -2 for auto; the plugin uses auto"}
 			}
 			return vd

@@ -201,3 +201,76 @@ func TestAcceptReportsAConnectionItCouldNotSetUp(t *testing.T) {
 	assert.NoError(t, err, "the failure is reported once")
 	assert.Nil(t, rc)
 }
+
+// Memory another registration of the comm still covers is not freed by
+// NCCL when one handle goes (ib's MR cache keeps it registered, too): the
+// fence leaves such a transfer alone, also when the coverage is pieced
+// together from two registrations.
+func TestDeregMrOfMemoryStillRegisteredChangesNothing(t *testing.T) {
+	withEnv(t, fenceEnv)
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	const size = 4 << 20
+	src, dst := bytes.Repeat([]byte{0x77}, size), make([]byte, size)
+	whole, err := r.RegMr(bufPtr(dst), size, nccl.PtrHost)
+	require.NoError(t, err)
+	_, err = r.RegMr(bufPtr(dst), size/2, nccl.PtrHost)
+	require.NoError(t, err)
+	_, err = r.RegMr(bufPtr(dst[size/2:]), size/2, nccl.PtrHost)
+	require.NoError(t, err)
+	release := holdStreams(t, &s.core)
+	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1, MH: whole}})
+	require.NoError(t, err)
+	sq, err := s.Isend(bufPtr(src), size, 1, 0)
+	require.NoError(t, err)
+	deadline := time.Now().Add(5 * time.Second)
+	for !r.streams[0].pending() {
+		s.Test(sq)
+		r.Test(rq, nil)
+		require.True(t, time.Now().Before(deadline), "the receive never matched")
+	}
+	require.NoError(t, r.DeregMr(whole), "the two halves still cover the buffer")
+	release()
+	for sdone, rdone := false, false; !sdone || !rdone; {
+		if !sdone {
+			sdone, _, err = s.Test(sq)
+			require.NoError(t, err)
+		}
+		if !rdone {
+			rdone, err = r.Test(rq, nil)
+			require.NoError(t, err)
+		}
+		require.True(t, time.Now().Before(deadline.Add(5*time.Second)), "the transfer did not finish")
+	}
+	assert.True(t, bytes.Equal(src, dst))
+}
+
+func TestCovered(t *testing.T) {
+	rs := []memRange{{100, 200}, {150, 300}, {400, 500}}
+	assert.True(t, covered(100, 300, rs), "pieced together")
+	assert.True(t, covered(120, 130, rs))
+	assert.False(t, covered(250, 450, rs), "a gap at [300, 400)")
+	assert.False(t, covered(50, 150, rs))
+	assert.False(t, covered(10, 20, nil))
+	assert.True(t, covered(10, 10, nil), "nothing to cover")
+}
+
+// A stream whose busy lock is never given back (a panic recovered at the C
+// boundary inside a move) must not hang NCCL's teardown in DeregMr: after
+// fenceWait the fence fails safe, as if the range were queued there.
+func TestDeregMrIsBoundedWhenAStreamStaysBusy(t *testing.T) {
+	withEnv(t, fenceEnv)
+	tr := initLoopback(t, &captureLog{})
+	_, r := pair(t, tr)
+	buf := make([]byte, 1<<20)
+	mh, err := r.RegMr(bufPtr(buf), len(buf), nccl.PtrHost)
+	require.NoError(t, err)
+	require.True(t, r.streams[1].busy.CompareAndSwap(0, 1))
+	defer r.streams[1].busy.Store(0)
+	start := time.Now()
+	require.NoError(t, r.DeregMr(mh))
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, fenceWait)
+	assert.Less(t, took, 30*fenceWait, "bounded")
+	require.Error(t, r.failed(), "failed safe")
+}

@@ -281,16 +281,30 @@ func (c *core) regMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.MemHan
 // recvProxyFree: deregMr, free, then close), and after an abort it does so
 // with transfers still queued. NCCL's own thread touches a buffer only
 // inside the calls NCCL makes, which have stopped by then; a helper would go
-// on copying into the freed memory, or sending it. So when a chunk in the
-// range is still queued, the connection fails and the helpers stop before
-// deregMr returns. A range with nothing queued (the usual case: NCCL
-// deregisters buffers it no longer uses) changes nothing.
+// on copying into the freed memory, or sending it. So when a chunk still
+// queued has bytes in the range that no other registration of the comm
+// covers, the connection fails and the helpers stop before deregMr returns.
+// A range with nothing queued (the usual case: NCCL deregisters buffers it
+// no longer uses), or one another registration still holds (as ib's MR
+// cache keeps memory registered until its last handle goes), changes
+// nothing.
 func (c *core) deregMr(mh nccl.MemHandle) error {
+	if c.closing.Load() {
+		return nil
+	}
 	c.mrMu.Lock()
 	r, ok := c.mrs[mh]
 	delete(c.mrs, mh)
+	var others []memRange
+	if ok {
+		for _, o := range c.mrs {
+			if o.lo < r.hi && o.hi > r.lo {
+				others = append(others, o)
+			}
+		}
+	}
 	c.mrMu.Unlock()
-	if !ok || !c.queuedIn(r) {
+	if !ok || !c.queuedIn(r, others) {
 		return nil
 	}
 	c.fail(nccl.SystemError, "connection with %s: memory [%#x, %#x) was deregistered while a transfer in it was still queued "+
@@ -299,19 +313,32 @@ func (c *core) deregMr(mh nccl.MemHandle) error {
 	return nil
 }
 
-// queuedIn reports whether a chunk queued on a data stream lies in r. It
-// takes each stream's busy lock in turn, which its holder gives back within
-// one move (non-blocking calls only): with it held, the chunks between head
-// and tail stay put, and NCCL's thread only ever writes the slot at tail.
-func (c *core) queuedIn(r memRange) bool {
+// fenceWait bounds how long deregMr waits for a stream's busy lock. Its
+// holder gives it back within one move (non-blocking calls only); one that
+// does not (a panic recovered at the C boundary left it taken) counts as a
+// stream with the range queued, so the fence fails safe instead of hanging
+// NCCL's teardown.
+const fenceWait = time.Second
+
+// queuedIn reports whether a chunk queued on a data stream has bytes in r
+// that none of others covers. It takes each stream's busy lock in turn:
+// with it held the chunks between head and tail stay put, and NCCL's thread
+// only ever writes the slot at tail.
+func (c *core) queuedIn(r memRange, others []memRange) bool {
 	for _, s := range c.streams {
-		for !s.busy.CompareAndSwap(0, 1) {
-			time.Sleep(20 * time.Microsecond)
+		for deadline := time.Now().Add(fenceWait); !s.busy.CompareAndSwap(0, 1); time.Sleep(20 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				return true
+			}
 		}
 		hit := false
 		for i, t := s.head.Load(), s.tail.Load(); i != t && !hit; i++ {
 			k := &s.ring[i%ringSize]
-			hit = k.p != nil && uintptr(k.p) < r.hi && uintptr(k.p)+uintptr(k.n) > r.lo
+			if k.p == nil {
+				continue
+			}
+			lo, hi := max(uintptr(k.p), r.lo), min(uintptr(k.p)+uintptr(k.n), r.hi)
+			hit = lo < hi && !covered(lo, hi, others)
 		}
 		s.busy.Store(0)
 		if hit {
@@ -319,6 +346,23 @@ func (c *core) queuedIn(r memRange) bool {
 		}
 	}
 	return false
+}
+
+// covered reports whether [lo, hi) lies within the union of rs.
+func covered(lo, hi uintptr, rs []memRange) bool {
+	for lo < hi {
+		next := lo
+		for _, r := range rs {
+			if r.lo <= lo && r.hi > next {
+				next = r.hi
+			}
+		}
+		if next == lo {
+			return false
+		}
+		lo = next
+	}
+	return true
 }
 
 // stopHelpers ends the helpers once the connection has failed (they leave

@@ -33,6 +33,7 @@ type memTransport struct {
 	leakGroupedRecv  bool // a completed grouped (n>1) receive's slot is never recycled
 	groupedTrunc     bool // a send larger than its buffer in a grouped receive overruns it and succeeds
 	lateWriteOnClose bool // Close returns; the transport's progress engine still writes the closed comm's receive buffers later
+	lateWriteDereg   bool // DeregMr returns; a background "DMA engine" still writes the memory it covered a moment later
 	leakGoroutine    bool // each comm starts a goroutine that Close never stops
 	onceGlobal       bool // process-wide state set up once (sync.Once) and torn down by Finalize
 	ignorePeerClose  bool // a receive the closed sender never fills stays "not done" for ever
@@ -49,6 +50,7 @@ type memTransport struct {
 	// registration of the same comm (Options.Register).
 	checkRegs bool
 	regs      map[nccl.MemHandle][2]uintptr
+	regPtrs   map[nccl.MemHandle]unsafe.Pointer // lateWriteDereg's target
 }
 
 func (t *memTransport) Name() string { return "mem" }
@@ -337,6 +339,12 @@ func (c *memConn) regMr(p unsafe.Pointer, n int, t nccl.PtrType) (nccl.MemHandle
 	c.t.next++
 	mh := nccl.MemHandle(c.t.next)
 	c.t.regs[mh] = [2]uintptr{uintptr(p), uintptr(p) + uintptr(n)}
+	if c.t.lateWriteDereg {
+		if c.t.regPtrs == nil {
+			c.t.regPtrs = map[nccl.MemHandle]unsafe.Pointer{}
+		}
+		c.t.regPtrs[mh] = p
+	}
 	return mh, nil
 }
 
@@ -349,10 +357,24 @@ func (c *memConn) deregMr(mh nccl.MemHandle) error {
 	}
 	c.t.mu.Lock()
 	defer c.t.mu.Unlock()
-	if _, ok := c.t.regs[mh]; !ok {
+	r, ok := c.t.regs[mh]
+	if !ok {
 		return nccl.Errorf(nccl.InternalError, "deregMr of unknown handle %d", mh)
 	}
 	delete(c.t.regs, mh)
+	if c.t.lateWriteDereg {
+		// A "DMA" into the registration lands after DeregMr returned,
+		// from an engine that runs by itself (as the socket transport's
+		// helpers do), while NCCL calls nothing any more.
+		ptr := c.t.regPtrs[mh]
+		delete(c.t.regPtrs, mh)
+		time.AfterFunc(time.Millisecond, func() {
+			p := nccl.HostBytes(ptr, int(r[1]-r[0]))
+			for j := range p {
+				p[j] = 0x5A
+			}
+		})
+	}
 	return nil
 }
 

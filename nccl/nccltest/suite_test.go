@@ -55,6 +55,8 @@ var faults = map[string]struct {
 		"into receive buffers of [64 4096] bytes: the receive completed", ""},
 	"lateWriteOnClose": {func() *memTransport { return &memTransport{lateWriteOnClose: true} }, "CloseOutstanding",
 		"was written after its comm was closed", ""},
+	"lateWriteDereg": {func() *memTransport { return &memTransport{lateWriteDereg: true} }, "DeregMrFence",
+		"the receive buffer was written after DeregMr returned", ""},
 	"leakGoroutine": {func() *memTransport { return &memTransport{leakGoroutine: true} }, "GoroutinesAfterFinalize",
 		"Close and Finalize must stop what the transport started", "ConnectAlternating|Finalize|GoroutinesAfterFinalize"},
 	"ignorePeerClose": {func() *memTransport { return &memTransport{ignorePeerClose: true} }, "SenderClosedFailsPending",

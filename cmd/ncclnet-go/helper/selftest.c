@@ -471,8 +471,8 @@ static int st_rank(rank_t* r, void* arg) {
   if (o->load) {
     long long msgs = 0;
     if (o->idle) {
-      step(r, "idle (connected, silent)");
       r->deadline_ns = 0;
+      step(r, "idle (connected, silent)");
       atomic_store(&s->cur[r->rank], -1);
       sleep_ms((int)(o->duration * 1000));
     } else if (load_traffic(r, &n, &l, o, sbuf, rbuf, slot, smh, rmh, &msgs, why, sizeof why) != 0) {
