@@ -31,6 +31,36 @@ func holdStreams(t *testing.T, c *core) func() {
 	}
 }
 
+// untilMatched drives both ends until the receive has its chunks queued.
+func untilMatched(t *testing.T, s *sendComm, r *recvComm, sq, rq nccl.Request) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !r.streams[0].pending() {
+		s.Test(sq)
+		r.Test(rq, nil)
+		require.True(t, time.Now().Before(deadline), "the receive never matched")
+	}
+}
+
+// finish drives both ends until the transfer completed, and checks its bytes.
+func finish(t *testing.T, s *sendComm, r *recvComm, sq, rq nccl.Request, src, dst []byte) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for sdone, rdone := false, false; !sdone || !rdone; {
+		var err error
+		if !sdone {
+			sdone, _, err = s.Test(sq)
+			require.NoError(t, err)
+		}
+		if !rdone {
+			rdone, err = r.Test(rq, nil)
+			require.NoError(t, err)
+		}
+		require.True(t, time.Now().Before(deadline), "the transfer did not finish")
+	}
+	assert.True(t, bytes.Equal(src, dst))
+}
+
 // NCCL deregisters and frees a comm's buffers before it closes the comm
 // (net.cc's recvProxyFree: deregMr, free, then closeRecv), after an abort
 // with transfers still queued. Once DeregMr returned, no helper may write
@@ -145,27 +175,10 @@ func TestDeregMrOfIdleMemoryChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	sq, err := s.Isend(bufPtr(src), size, 1, 0)
 	require.NoError(t, err)
-	deadline := time.Now().Add(5 * time.Second)
-	for !r.streams[0].pending() {
-		s.Test(sq)
-		r.Test(rq, nil)
-		require.True(t, time.Now().Before(deadline), "the receive never matched")
-	}
+	untilMatched(t, s, r, sq, rq)
 	require.NoError(t, r.DeregMr(imh), "chunks are queued, but none in this range")
 	release()
-	sdone, rdone := false, false
-	for !sdone || !rdone {
-		if !sdone {
-			sdone, _, err = s.Test(sq)
-			require.NoError(t, err)
-		}
-		if !rdone {
-			rdone, err = r.Test(rq, nil)
-			require.NoError(t, err)
-		}
-		require.True(t, time.Now().Before(deadline.Add(5*time.Second)), "the transfer did not finish")
-	}
-	assert.True(t, bytes.Equal(src, dst))
+	finish(t, s, r, sq, rq, src, dst)
 }
 
 // A connection whose streams all arrived but that the listening end cannot
@@ -223,26 +236,10 @@ func TestDeregMrOfMemoryStillRegisteredChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	sq, err := s.Isend(bufPtr(src), size, 1, 0)
 	require.NoError(t, err)
-	deadline := time.Now().Add(5 * time.Second)
-	for !r.streams[0].pending() {
-		s.Test(sq)
-		r.Test(rq, nil)
-		require.True(t, time.Now().Before(deadline), "the receive never matched")
-	}
+	untilMatched(t, s, r, sq, rq)
 	require.NoError(t, r.DeregMr(whole), "the two halves still cover the buffer")
 	release()
-	for sdone, rdone := false, false; !sdone || !rdone; {
-		if !sdone {
-			sdone, _, err = s.Test(sq)
-			require.NoError(t, err)
-		}
-		if !rdone {
-			rdone, err = r.Test(rq, nil)
-			require.NoError(t, err)
-		}
-		require.True(t, time.Now().Before(deadline.Add(5*time.Second)), "the transfer did not finish")
-	}
-	assert.True(t, bytes.Equal(src, dst))
+	finish(t, s, r, sq, rq, src, dst)
 }
 
 func TestCovered(t *testing.T) {
