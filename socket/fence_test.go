@@ -31,6 +31,20 @@ func holdStreams(t *testing.T, c *core) func() {
 	}
 }
 
+// postHeld posts a receive of dst (registered as mh) and a send of src
+// while the sender's streams are held, and drives both ends until the
+// receive's chunks are queued; release lets the sender's bytes go.
+func postHeld(t *testing.T, s *sendComm, r *recvComm, src, dst []byte, mh nccl.MemHandle) (sq, rq nccl.Request, release func()) {
+	t.Helper()
+	release = holdStreams(t, &s.core)
+	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: len(dst), Tag: 1, MH: mh}})
+	require.NoError(t, err)
+	sq, err = s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	untilMatched(t, s, r, sq, rq)
+	return sq, rq, release
+}
+
 // untilMatched drives both ends until the receive has its chunks queued.
 func untilMatched(t *testing.T, s *sendComm, r *recvComm, sq, rq nccl.Request) {
 	t.Helper()
@@ -170,12 +184,7 @@ func TestDeregMrOfIdleMemoryChangesNothing(t *testing.T) {
 	imh, err := r.RegMr(bufPtr(idle), len(idle), nccl.PtrHost)
 	require.NoError(t, err)
 	src, dst := bytes.Repeat([]byte{0x3c}, size), make([]byte, size)
-	release := holdStreams(t, &s.core)
-	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
-	require.NoError(t, err)
-	sq, err := s.Isend(bufPtr(src), size, 1, 0)
-	require.NoError(t, err)
-	untilMatched(t, s, r, sq, rq)
+	sq, rq, release := postHeld(t, s, r, src, dst, 0)
 	require.NoError(t, r.DeregMr(imh), "chunks are queued, but none in this range")
 	release()
 	finish(t, s, r, sq, rq, src, dst)
@@ -231,12 +240,7 @@ func TestDeregMrOfMemoryStillRegisteredChangesNothing(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.RegMr(bufPtr(dst[size/2:]), size/2, nccl.PtrHost)
 	require.NoError(t, err)
-	release := holdStreams(t, &s.core)
-	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1, MH: whole}})
-	require.NoError(t, err)
-	sq, err := s.Isend(bufPtr(src), size, 1, 0)
-	require.NoError(t, err)
-	untilMatched(t, s, r, sq, rq)
+	sq, rq, release := postHeld(t, s, r, src, dst, whole)
 	require.NoError(t, r.DeregMr(whole), "the two halves still cover the buffer")
 	release()
 	finish(t, s, r, sq, rq, src, dst)
