@@ -90,6 +90,17 @@ gpu_round_check() {
      ! grep -q "^summary" "$round/harness.txt" || ! tar tzf "$round/round.tgz" | grep 'harness.log' >/dev/null; then
     cat "$round/round.txt"; echo "e2e-selftest: FAIL gpu-round.sh's output is incomplete" >&2; exit 1
   fi
+  # --limit: 0 skips a step and says so; a step it does not know is a usage error.
+  "$here/gpu-round.sh" --build "$dir" --out "$work/round0" --budget 60 --limit kill=0 --limit e2e=0 \
+    --limit harness=0 --limit rxe=20 >"$work/round0.out" 2>&1
+  if ! grep -q "^gpu-round: SKIPPED e2e: --limit e2e=0" "$work/round0.out" ||
+     ! grep -q "^gpu-round: == rxe (at most 20s)" "$work/round0.out" ||
+     grep -q "^gpu-round: == harness" "$work/round0.out"; then
+    cat "$work/round0.out"; echo "e2e-selftest: FAIL gpu-round.sh --limit did not set the steps' limits" >&2; exit 1
+  fi
+  if "$here/gpu-round.sh" --limit nosuch=5 >/dev/null 2>&1; [ $? -ne 2 ]; then
+    echo "e2e-selftest: FAIL gpu-round.sh --limit nosuch=5 was not a usage error" >&2; exit 1
+  fi
 }
 if [ -n "$plugin" ] && [ -n "$plugin_v9v10" ] && [ -x "$(dirname "$plugin")/ncclnet-harness" ] &&
    [ "$(dirname "$plugin")" = "$(dirname "$plugin_v9v10")" ]; then
