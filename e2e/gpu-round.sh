@@ -50,7 +50,7 @@ while [ $# -gt 0 ]; do
       [[ ${2:-} =~ ^([a-z0-9]+)=([0-9]+)$ && -n ${limits[${BASH_REMATCH[1]}]:-} ]] ||
         { echo "gpu-round: --limit takes STEP=SEC, STEP one of ${!limits[*]}" >&2; exit 2; }
       limits[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) echo "gpu-round: unknown argument $1" >&2; exit 2 ;;
   esac
 done
