@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 // Liveness, not progress, decides that a peer is dead (docs/socket.md,
@@ -131,15 +133,54 @@ func setupLiveness(fd int, pol livePolicy) error {
 	if pol.timeout <= 0 {
 		return nil
 	}
+	return setKeepalive(fd, pol.keepIdle, pol.keepCnt)
+}
+
+// setKeepalive has the kernel probe fd after idle seconds without a segment
+// from the peer, every idle seconds, and fail it (ETIMEDOUT) after cnt
+// unanswered probes.
+func setKeepalive(fd, idle, cnt int) error {
 	for _, o := range []struct{ level, opt, v int }{
 		{unix.SOL_SOCKET, unix.SO_KEEPALIVE, 1},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, pol.keepIdle},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, pol.keepIdle},
-		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, pol.keepCnt},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPIDLE, idle},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPINTVL, idle},
+		{unix.IPPROTO_TCP, unix.TCP_KEEPCNT, cnt},
 	} {
 		if err := unix.SetsockoptInt(fd, o.level, o.opt, o.v); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// keepCntAfterClose is the keepalive count of a receiving data stream once
+// the sender closed: its host is then asked every keepIdle, and after this
+// many silent probes the kernel fails the stream, about
+// (keepCntAfterClose+1)/4 of NCCL_GO_TIMEOUT after the last segment (1 s
+// granularity).
+const keepCntAfterClose = 4
+
+// watchStreamsAfterClose covers the one wait the liveness stream cannot:
+// the sender closed (its control and liveness streams are at end of file)
+// while chunks of a matched message were still on their way on the data
+// streams, so the receive waits for bytes only the sender's kernel still
+// sends, and if that host then dies nothing would ever end the wait. Each
+// data stream gets TCP keepalive instead: a live kernel answers the probes
+// however long it takes to deliver (and with an open window that is not
+// long: the sender's application has nothing left to do), a dead one does
+// not, and the kernel fails the stream with ETIMEDOUT, which the next read
+// reports (streamFailed). Probes are sent only on a stream that received
+// nothing for keepIdle, so a stream still moving pays nothing.
+func (c *core) watchStreamsAfterClose() {
+	if c.watchedAfterClose || c.live.pol.timeout <= 0 {
+		return
+	}
+	c.watchedAfterClose = true
+	for _, s := range c.streams {
+		if err := setKeepalive(s.fd, c.live.pol.keepIdle, keepCntAfterClose); err != nil {
+			c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive on a data stream after the sender's close failed (%v); "+
+				"a receive still waiting for its chunks there is then bounded only by NCCL's own watchdog", c.peer, err)
+			return
+		}
+	}
 }

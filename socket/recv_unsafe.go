@@ -144,7 +144,7 @@ func (r *recvComm) fill(max int) bool {
 		return false
 	}
 	if eof {
-		r.ctrlEOF = true
+		r.senderClosed()
 		return false
 	}
 	if n == 0 {
@@ -157,6 +157,14 @@ func (r *recvComm) fill(max int) bool {
 		}
 	}
 	return true
+}
+
+// senderClosed records the control stream's end of file. Chunks of a
+// matched message may still be arriving on the data streams, from a host
+// that can die before they all came: watchStreamsAfterClose bounds that wait.
+func (r *recvComm) senderClosed() {
+	r.ctrlEOF = true
+	r.watchStreamsAfterClose()
 }
 
 // setAckMode enters the kernel's delayed-ACK mode on the control stream
@@ -229,7 +237,7 @@ func (r *recvComm) drain(q *recvReq) {
 					return
 				}
 				if eof {
-					r.ctrlEOF = true
+					r.senderClosed()
 					return
 				}
 				if n == 0 {

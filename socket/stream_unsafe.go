@@ -1,6 +1,7 @@
 package socket
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sync"
@@ -31,6 +32,9 @@ type core struct {
 
 	err    atomic.Pointer[nccl.Error]
 	warned bool // NCCL thread only: the fatal error was logged
+	// NCCL thread only: the data streams have keepalive since the sender
+	// closed (watchStreamsAfterClose).
+	watchedAfterClose bool
 
 	nextStream int // NCCL thread only: stream of the next chunk
 	// shareAfter: NCCL's thread moves a stream that has a helper only once
@@ -544,9 +548,16 @@ func (c *core) streamFailed(err error, send bool) {
 	if send {
 		dir = "sending to"
 	}
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		c.fail(nccl.SystemError, "%s %s: the peer closed the connection (process exited or comm closed)", dir, c.peer)
-	} else {
+	case errors.Is(err, unix.ETIMEDOUT):
+		// Only a stream with keepalive times out while it waits to
+		// receive (watchStreamsAfterClose); a sending one, after the
+		// kernel's retransmissions (tcp_retries2).
+		c.fail(nccl.SystemError, "%s %s failed: the peer's host stopped answering on a data stream (%v); the host is down "+
+			"or the network path to it is cut", dir, c.peer, err)
+	default:
 		c.fail(nccl.SystemError, "%s %s failed: %v", dir, c.peer, err)
 	}
 }

@@ -1,6 +1,8 @@
 package socket
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"runtime"
 	"testing"
@@ -257,3 +259,103 @@ func TestLivePolicyPingsLate(t *testing.T) {
 		}
 	}
 }
+
+// TestClosedSendersHostDiesMidMessage: the sender closes once its last
+// message is handed to the kernel, so a matched receive can still be waiting
+// for chunks on the data streams when the control and liveness streams are
+// already at end of file. If the sender's host dies then, only those data
+// streams could tell, and until 2026-11-28 nothing asked them: the receive
+// waited forever. Now each gets TCP keepalive at the close, and the receive
+// fails within about (4+1)/4 of NCCL_GO_TIMEOUT (1 s granularity) of the last
+// segment; a host that answers keeps it waiting, and its chunks complete it.
+func TestClosedSendersHostDiesMidMessage(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		helpers string
+		dies    bool
+	}{
+		{"dies", "0", true},
+		{"dies-helpers", "4", true},
+		{"alive-helpers", "4", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			enterPrivateNetns(t)
+			withEnv(t, map[string]string{envTimeout: "0.3", envNThreads: "4", envHelpers: c.helpers})
+			log := &captureLog{}
+			tr := initLoopback(t, log)
+			rc, hi, ctrl, beat, data := acceptRogue(t, tr, 44)
+			require.Equal(t, 4, hi.streams)
+			r := rc.(*recvComm)
+			const size = 1 << 20
+			dst := make([]byte, size)
+			rq, err := rc.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 3}})
+			require.NoError(t, err)
+			var hdr [hdrLen]byte
+			binary.LittleEndian.PutUint32(hdr[0:], size)
+			binary.LittleEndian.PutUint32(hdr[4:], 0) // all of it on the data streams
+			binary.LittleEndian.PutUint32(hdr[8:], 3)
+			binary.LittleEndian.PutUint32(hdr[12:], hdrCheck) // sequence 0
+			_, err = ctrl.Write(hdr[:])
+			require.NoError(t, err)
+			src := make([]byte, size)
+			pattern(src, 4)
+			cs := r.chunkSize(size)
+			_, err = data[0].Write(src[:1000]) // the first chunk's first bytes
+			require.NoError(t, err)
+			// The sender's process closes; its kernel still holds the rest.
+			require.NoError(t, ctrl.Close())
+			require.NoError(t, beat.Close())
+			deadline := time.Now().Add(10 * time.Second)
+			for !r.ctrlEOF {
+				done, err := rc.Test(rq, nil)
+				require.NoError(t, err, "the matched receive failed on the sender's close")
+				require.False(t, done)
+				require.True(t, time.Now().Before(deadline), "the control stream's end of file never came")
+				pace()
+			}
+			if c.dies {
+				setLoopback(t, false)
+			}
+			// Longer than keepalive needs to give up on a silent host:
+			// 1 s idle and 4 probes a second apart.
+			silence := time.Now().Add(keepWait)
+			for time.Now().Before(silence) {
+				done, err := rc.Test(rq, nil)
+				require.False(t, done)
+				if err != nil {
+					require.True(t, c.dies, "a closed sender whose host answers was declared dead: %v", err)
+					assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+					assert.Contains(t, err.Error(), "stopped answering")
+					assert.Contains(t, log.String(), "WARN")
+					return
+				}
+				pace()
+			}
+			require.False(t, c.dies, "the receive still waits %v after the closed sender's host went silent", keepWait)
+			// The host was alive all along: the rest of the message comes.
+			_, err = data[0].Write(src[1000:cs])
+			require.NoError(t, err)
+			for off, i := cs, 1; off < size; off, i = off+cs, i+1 {
+				_, err := data[i%len(data)].Write(src[off:min(off+cs, size)])
+				require.NoError(t, err)
+			}
+			sizes := []int{-1}
+			for deadline = time.Now().Add(10 * time.Second); ; pace() {
+				done, err := rc.Test(rq, sizes)
+				require.NoError(t, err)
+				if done {
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the matched receive never completed")
+			}
+			assert.Equal(t, []int{size}, sizes)
+			assert.True(t, bytes.Equal(src, dst), "payload differs")
+			assert.NotContains(t, log.String(), "WARN")
+		})
+	}
+}
+
+// keepWait bounds how long the kernel takes to fail a data stream whose
+// peer's host is silent, at the tests' 0.3 s NCCL_GO_TIMEOUT: 1 s idle and
+// keepCntAfterClose probes 1 s apart, plus slack.
+const keepWait = time.Duration(1+keepCntAfterClose)*time.Second + 3*time.Second
