@@ -222,8 +222,14 @@ func init() {
 	ncclenv.SetCheck(envAddrFamily.Name(), ncclenv.FromReader(func(log ncclenv.Logger, raw string) {
 		readAddrFamily(warnsOnly{log}, raw)
 	}))
-	ncclenv.SetCheck(envAddrRange.Name(), ncclenv.FromReader(func(log ncclenv.Logger, raw string) {
-		readAddrRange(warnsOnly{log}, raw, readAddrFamily(nccl.DiscardLogger{}, envAddrFamily.Get()))
+	// A mask with text after its number ("24x") is used, as strtol reads
+	// it: read in part, not refused.
+	ncclenv.SetCheck(envAddrRange.Name(), ncclenv.FromPartialReader(func(log ncclenv.Logger, raw string) (string, bool) {
+		p, ok, _ := readAddrRange(warnsOnly{log}, raw, readAddrFamily(nccl.DiscardLogger{}, envAddrFamily.Get()))
+		if !ok {
+			return "", false
+		}
+		return p.String(), true
 	}))
 	ncclenv.SetCheck(envHCA.Name(), func(raw string) ncclenv.Verdict {
 		if vd := envHCA.Check(raw); !vd.OK() {

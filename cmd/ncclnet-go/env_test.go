@@ -102,6 +102,14 @@ func TestEnvFlagsWhatTheTransportsOwnReadersWarnAbout(t *testing.T) {
 	out, _, code = runCmd(t, "env", "--set")
 	assert.Equal(t, 1, code, out)
 	assert.Contains(t, out, `invalid: NCCL_IB_ADDR_RANGE=fd00::/8 (env): ignoring NCCL_IB_ADDR_RANGE="fd00::/8": it is an IPv6 range but NCCL_IB_ADDR_FAMILY is AF_INET`)
+
+	// A mask with text after its number is used as far as strtol reads it:
+	// read in part, not ignored (until 2026-11-28 env called it invalid).
+	testEnv(t, map[string]string{"NCCL_IB_ADDR_RANGE": "10.1.2.3/8x"})
+	out, errOut, code = runCmd(t, "env", "--set")
+	assert.Equal(t, 1, code, out)
+	assert.Contains(t, out, `read in part: NCCL_IB_ADDR_RANGE=10.1.2.3/8x (env): NCCL_IB_ADDR_RANGE="10.1.2.3/8x": NCCL reads the mask "8x" as 8 (strtol), so the range is 10.0.0.0/8`)
+	assert.Contains(t, errOut, "NCCL_IB_ADDR_RANGE")
 }
 
 func pick(s envSetting) envSetting {

@@ -64,17 +64,31 @@ func Check(name, raw string) (v Verdict, ok bool) {
 // by a rule of its own (SetCheck), so that ncclnet-go env reports exactly
 // what the plugin would WARN about, from the code that WARNs.
 func FromReader(read func(log Logger, raw string)) func(string) Verdict {
+	return FromPartialReader(func(log Logger, raw string) (string, bool) {
+		read(log, raw)
+		return "", false
+	})
+}
+
+// FromPartialReader is FromReader for a reader that may use part of a value
+// (a number with text after it) and WARN about that: it returns what it
+// uses ("" for the value as written) and whether a WARN it logged means the
+// value is read in part rather than refused.
+func FromPartialReader(read func(log Logger, raw string) (used string, inPart bool)) func(string) Verdict {
 	return func(raw string) Verdict {
 		var w firstWarn
-		read(&w, raw)
+		used, inPart := read(&w, raw)
+		if used == "" {
+			used = raw
+		}
 		if !w.set {
-			return Verdict{Used: raw}
+			return Verdict{Used: used}
 		}
 		why := w.msg
 		if _, rest, ok := strings.Cut(why, " : "); ok && strings.HasPrefix(why, "NET/") {
 			why = rest
 		}
-		return Verdict{Used: raw, Invalid: true, Why: why}
+		return Verdict{Used: used, InPart: inPart, Invalid: !inPart, Why: why}
 	}
 }
 
