@@ -28,7 +28,8 @@
 # harness.txt, rxe-probe.txt, and round.tgz with every log.
 # --limit STEP=SEC replaces a step's own limit (facts 20, rxe 90, kill 180, e2e 300,
 # harness 90); 0 skips the step. The e2e step with E2E_BENCH_VARIANT runs 15 bandwidth
-# phases of at least 0.25 s per size each, which can outgrow 300 s.
+# phases of at least 0.25 s per size each (192 s on 2026-11-28), close enough to 300 s
+# that a round with a variant raises it.
 # Exit status: 0 every step that ran passed, 1 a step failed or was cut short.
 set -uo pipefail
 
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     --limit)
       [[ ${2:-} =~ ^([a-z0-9]+)=([0-9]+)$ && -n ${limits[${BASH_REMATCH[1]}]:-} ]] ||
         { echo "gpu-round: --limit takes STEP=SEC, STEP one of ${!limits[*]}" >&2; exit 2; }
-      limits[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}; shift 2 ;;
+      limits[${BASH_REMATCH[1]}]=$((10#${BASH_REMATCH[2]})); shift 2 ;;
     -h|--help) sed -n '2,/^# Exit status/p' "$0"; exit 0 ;;
     *) echo "gpu-round: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -211,7 +212,7 @@ step() {
 
 say "start: budget ${budget}s, build $build, output $out"
 step facts
-sed 's/^/  /' "$work/facts.log" | tee -a "$summary"
+sed 's/^/  /' "$work/facts.log" 2>/dev/null | tee -a "$summary"
 step rxe
 grep -h 'rxe-probe:' "$work/rxe.log" 2>/dev/null | sed 's/^/  /' | tee -a "$summary"
 step kill

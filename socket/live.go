@@ -154,11 +154,19 @@ func setKeepalive(fd, idle, cnt int) error {
 }
 
 // keepCntAfterClose is the keepalive count of a receiving data stream once
-// the sender closed: its host is then asked every keepIdle, and after this
-// many silent probes the kernel fails the stream, about
-// (keepCntAfterClose+1)/4 of NCCL_GO_TIMEOUT after the last segment (1 s
-// granularity).
+// the sender closed: its host is then asked every keepIdleAfterClose, and
+// after this many silent probes the kernel fails the stream.
 const keepCntAfterClose = 4
+
+// keepIdleAfterClose is NCCL_GO_TIMEOUT/4 in whole seconds, rounded up (the
+// kernel counts keepalive in seconds), at least 1: the stream fails
+// (keepCntAfterClose+1) of these after its last segment, never sooner than
+// 5/4 of the timeout, so a cut shorter than the timeout recovers as the
+// liveness stream promises.
+func keepIdleAfterClose(timeout int64) int {
+	s := (timeout/4 + int64(time.Second) - 1) / int64(time.Second)
+	return int(min(max(s, 1), 32767))
+}
 
 // watchStreamsAfterClose covers the one wait the liveness stream cannot:
 // the sender closed (its control and liveness streams are at end of file)
@@ -168,16 +176,18 @@ const keepCntAfterClose = 4
 // data stream gets TCP keepalive instead: a live kernel answers the probes
 // however long it takes to deliver (and with an open window that is not
 // long: the sender's application has nothing left to do), a dead one does
-// not, and the kernel fails the stream with ETIMEDOUT, which the next read
-// reports (streamFailed). Probes are sent only on a stream that received
-// nothing for keepIdle, so a stream still moving pays nothing.
+// not, and the kernel fails the stream with ETIMEDOUT (or the unreachable
+// error an ARP or ICMP failure left), which the next read reports
+// (streamFailed). Probes are sent only on a stream that received nothing
+// for keepIdleAfterClose, so a stream still moving pays nothing. With
+// NCCL_GO_TIMEOUT <= 0 (no dead-host detection) nothing is set.
 func (c *core) watchStreamsAfterClose() {
 	if c.watchedAfterClose || c.live.pol.timeout <= 0 {
 		return
 	}
 	c.watchedAfterClose = true
 	for _, s := range c.streams {
-		if err := setKeepalive(s.fd, c.live.pol.keepIdle, keepCntAfterClose); err != nil {
+		if err := setKeepalive(s.fd, keepIdleAfterClose(c.live.pol.timeout), keepCntAfterClose); err != nil {
 			c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive on a data stream after the sender's close failed (%v); "+
 				"a receive still waiting for its chunks there is then bounded only by NCCL's own watchdog", c.peer, err)
 			return

@@ -379,8 +379,13 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 	// long as the sender is alive (live.go). A sender that closed is seen
 	// on the control and data streams themselves (end of file after the
 	// last byte it sent), so the liveness stream's end of file is no
-	// verdict here.
-	r.checkLive()
+	// verdict here. It does say that the sender closed, though, also when
+	// the control stream's own end of file is not read yet (a later header
+	// waits for its receive, or a data-stream queue is full): the data
+	// streams then need their keepalive as much.
+	if r.checkLive() == livePeerClosed {
+		r.watchStreamsAfterClose()
+	}
 	if err := r.failed(); err != nil {
 		return false, err
 	}

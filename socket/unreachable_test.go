@@ -266,17 +266,22 @@ func TestLivePolicyPingsLate(t *testing.T) {
 // already at end of file. If the sender's host dies then, only those data
 // streams could tell, and until 2026-11-28 nothing asked them: the receive
 // waited forever. Now each gets TCP keepalive at the close, and the receive
-// fails within about (4+1)/4 of NCCL_GO_TIMEOUT (1 s granularity) of the last
-// segment; a host that answers keeps it waiting, and its chunks complete it.
+// fails 5 × max(1 s, NCCL_GO_TIMEOUT/4 rounded up to seconds) after the last
+// segment (5 s here); a host that answers keeps it waiting, and its chunks
+// complete it. In "dies-later-header" a second message's header, whose
+// receive is not posted, sits in front of the control stream's end of file,
+// so only the liveness stream says that the sender closed.
 func TestClosedSendersHostDiesMidMessage(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		helpers string
 		dies    bool
+		later   bool // a second header, for a receive never posted, comes before the close
 	}{
-		{"dies", "0", true},
-		{"dies-helpers", "4", true},
-		{"alive-helpers", "4", false},
+		{"dies", "0", true, false},
+		{"dies-helpers", "4", true, false},
+		{"dies-later-header", "0", true, true},
+		{"alive-helpers", "4", false, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			enterPrivateNetns(t)
@@ -302,17 +307,25 @@ func TestClosedSendersHostDiesMidMessage(t *testing.T) {
 			cs := r.chunkSize(size)
 			_, err = data[0].Write(src[:1000]) // the first chunk's first bytes
 			require.NoError(t, err)
+			if c.later {
+				binary.LittleEndian.PutUint32(hdr[0:], 64)
+				binary.LittleEndian.PutUint32(hdr[4:], 64) // inline
+				binary.LittleEndian.PutUint32(hdr[12:], hdrCheck^1)
+				_, err = ctrl.Write(append(hdr[:], make([]byte, 64)...))
+				require.NoError(t, err)
+			}
 			// The sender's process closes; its kernel still holds the rest.
 			require.NoError(t, ctrl.Close())
 			require.NoError(t, beat.Close())
 			deadline := time.Now().Add(10 * time.Second)
-			for !r.ctrlEOF {
+			for !r.watchedAfterClose {
 				done, err := rc.Test(rq, nil)
 				require.NoError(t, err, "the matched receive failed on the sender's close")
 				require.False(t, done)
-				require.True(t, time.Now().Before(deadline), "the control stream's end of file never came")
+				require.True(t, time.Now().Before(deadline), "the sender's close was never noticed")
 				pace()
 			}
+			assert.Equal(t, !c.later, r.ctrlEOF, "the control stream's end of file is read only when no header waits in front of it")
 			if c.dies {
 				setLoopback(t, false)
 			}
@@ -352,6 +365,25 @@ func TestClosedSendersHostDiesMidMessage(t *testing.T) {
 			assert.True(t, bytes.Equal(src, dst), "payload differs")
 			assert.NotContains(t, log.String(), "WARN")
 		})
+	}
+}
+
+// TestKeepIdleAfterCloseNeverUndercutsTheTimeout: the kernel takes keepalive
+// times in whole seconds; truncating NCCL_GO_TIMEOUT/4 (7 s: 1 s, a failure
+// 5 s after the last segment) would fail a receive over a cut shorter than
+// the timeout.
+func TestKeepIdleAfterCloseNeverUndercutsTheTimeout(t *testing.T) {
+	for _, c := range []struct {
+		timeout time.Duration
+		idle    int
+	}{
+		{300 * time.Millisecond, 1}, {4 * time.Second, 1}, {7 * time.Second, 2},
+		{11 * time.Second, 3}, {300 * time.Second, 75}, {301 * time.Second, 76},
+	} {
+		idle := keepIdleAfterClose(int64(c.timeout))
+		assert.Equal(t, c.idle, idle, "NCCL_GO_TIMEOUT=%v", c.timeout)
+		assert.GreaterOrEqual(t, time.Duration(keepCntAfterClose+1)*time.Duration(idle)*time.Second, c.timeout*5/4,
+			"NCCL_GO_TIMEOUT=%v: a cut shorter than the timeout would fail the receive", c.timeout)
 	}
 }
 
