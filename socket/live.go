@@ -169,28 +169,32 @@ func keepIdleAfterClose(timeout int64) int {
 }
 
 // watchStreamsAfterClose covers the one wait the liveness stream cannot:
-// the sender closed (its control and liveness streams are at end of file)
-// while chunks of a matched message were still on their way on the data
-// streams, so the receive waits for bytes only the sender's kernel still
-// sends, and if that host then dies nothing would ever end the wait. Each
-// data stream gets TCP keepalive instead: a live kernel answers the probes
-// however long it takes to deliver (and with an open window that is not
-// long: the sender's application has nothing left to do), a dead one does
-// not, and the kernel fails the stream with ETIMEDOUT (or the unreachable
-// error an ARP or ICMP failure left), which the next read reports
-// (streamFailed). Probes are sent only on a stream that received nothing
-// for keepIdleAfterClose, so a stream still moving pays nothing. With
-// NCCL_GO_TIMEOUT <= 0 (no dead-host detection) nothing is set.
+// the sender closed (its liveness stream is at end of file, at once, since
+// nothing is queued on it) while bytes of a message were still on their way:
+// an inline payload or later headers on the control stream, whose own end of
+// file waits behind them, or chunks on the data streams. The receive then
+// waits for bytes only the sender's kernel still sends, and if that host
+// dies nothing would ever end the wait. The control and data streams get TCP
+// keepalive instead: a live kernel answers the probes however long it takes
+// to deliver (and with an open window that is not long: the sender's
+// application has nothing left to do), a dead one does not, and the kernel
+// fails the stream with ETIMEDOUT (or the unreachable error an ARP or ICMP
+// failure left), which the next read reports (streamFailed). Probes are sent
+// only on a stream that received nothing for keepIdleAfterClose, so a
+// stream still moving pays nothing. With NCCL_GO_TIMEOUT <= 0 (no dead-host
+// detection) nothing is set.
 func (c *core) watchStreamsAfterClose() {
 	if c.watchedAfterClose || c.live.pol.timeout <= 0 {
 		return
 	}
 	c.watchedAfterClose = true
-	for _, s := range c.streams {
-		if err := setKeepalive(s.fd, keepIdleAfterClose(c.live.pol.timeout), keepCntAfterClose); err != nil {
-			c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive on a data stream after the sender's close failed (%v); "+
-				"a receive still waiting for its chunks there is then bounded only by NCCL's own watchdog", c.peer, err)
-			return
-		}
+	idle := keepIdleAfterClose(c.live.pol.timeout)
+	err := setKeepalive(c.ctrl, idle, keepCntAfterClose)
+	for i := 0; err == nil && i < len(c.streams); i++ {
+		err = setKeepalive(c.streams[i].fd, idle, keepCntAfterClose)
+	}
+	if err != nil {
+		c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive after the sender's close failed (%v); "+
+			"a receive still waiting for its bytes is then bounded only by NCCL's own watchdog", c.peer, err)
 	}
 }

@@ -140,7 +140,7 @@ func (r *recvComm) fill(max int) bool {
 	}
 	n, eof, err := recvInto(r.ctrl, unsafe.Pointer(&r.stage[r.sw]), min(max, len(r.stage)-r.sw))
 	if err != nil {
-		r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
+		r.streamFailed(err, false)
 		return false
 	}
 	if eof {
@@ -233,7 +233,7 @@ func (r *recvComm) drain(q *recvReq) {
 			if r.curDst != nil && r.curLeft >= directMin {
 				n, eof, err := recvInto(r.ctrl, unsafe.Add(r.curDst, r.curOff), r.curLeft)
 				if err != nil {
-					r.fail(nccl.SystemError, "receiving from %s failed: %v", r.peer, err)
+					r.streamFailed(err, false)
 					return
 				}
 				if eof {

@@ -553,12 +553,12 @@ func (c *core) streamFailed(err error, send bool) {
 		c.fail(nccl.SystemError, "%s %s: the peer closed the connection (process exited or comm closed)", dir, c.peer)
 	case errors.Is(err, unix.ETIMEDOUT), errors.Is(err, unix.EHOSTUNREACH), errors.Is(err, unix.ENETUNREACH):
 		// Only a stream with keepalive times out while it waits to
-		// receive (watchStreamsAfterClose); a sending one, after the
-		// kernel's retransmissions (tcp_retries2). When the probes went
-		// unanswered the kernel reports the soft error it kept, if any:
-		// on a shared subnet a dead host's failed ARP leaves
-		// EHOSTUNREACH.
-		c.fail(nccl.SystemError, "%s %s failed: the peer's host stopped answering on a data stream (%v); the host is down "+
+		// receive (watchStreamsAfterClose, the control stream too); a
+		// sending one, after the kernel's retransmissions (tcp_retries2).
+		// When the probes went unanswered the kernel reports the soft
+		// error it kept, if any: on a shared subnet a dead host's failed
+		// ARP leaves EHOSTUNREACH.
+		c.fail(nccl.SystemError, "%s %s failed: the peer's host stopped answering (%v); the host is down "+
 			"or the network path to it is cut", dir, c.peer, err)
 	default:
 		c.fail(nccl.SystemError, "%s %s failed: %v", dir, c.peer, err)

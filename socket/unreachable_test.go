@@ -368,6 +368,56 @@ func TestClosedSendersHostDiesMidMessage(t *testing.T) {
 	}
 }
 
+// TestClosedInlineSendersHostDies: the same with the real sender and no data
+// streams (the default below 8 CPUs). Its last message, 2 MiB inline, is
+// handed to its kernel (its test completes) and it closes: the liveness
+// stream's end of file arrives at once, the control stream's waits behind
+// the bytes the receiver's small buffer has not taken yet. Then the host
+// dies. Only the liveness stream says that the sender closed, and the wait
+// is for the control stream's bytes: it gets keepalive too.
+func TestClosedInlineSendersHostDies(t *testing.T) {
+	enterPrivateNetns(t)
+	withEnv(t, map[string]string{envTimeout: "1", envNThreads: "0", envSndBuf: "4194304", envRcvBuf: "131072"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	s, r := pair(t, tr)
+	const size = 2 << 20
+	src := make([]byte, size)
+	dst := make([]byte, size)
+	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+	require.NoError(t, err)
+	sq, err := s.Isend(bufPtr(src), size, 1, 0)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(10 * time.Second); ; pace() {
+		done, _, err := s.Test(sq)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
+	}
+	// The receiver has not read yet: most of the message is still in the
+	// sender's kernel when it closes and its host dies.
+	require.NoError(t, s.Close())
+	setLoopback(t, false)
+	start := time.Now()
+	for {
+		done, err := r.Test(rq, nil)
+		require.False(t, done, "2 MiB cannot have fit the receiver's buffer")
+		if err != nil {
+			assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+			assert.Contains(t, err.Error(), "stopped answering")
+			break
+		}
+		require.Less(t, time.Since(start), keepWait, "the receive still waits after the closed sender's host died")
+		pace()
+	}
+	assert.True(t, r.watchedAfterClose)
+	assert.False(t, r.ctrlEOF, "the control stream's end of file cannot have come before its bytes")
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+}
+
 // TestKeepIdleAfterCloseNeverUndercutsTheTimeout: the kernel takes keepalive
 // times in whole seconds; truncating NCCL_GO_TIMEOUT/4 (7 s: 1 s, a failure
 // 5 s after the last segment) would fail a receive over a cut shorter than
