@@ -283,7 +283,14 @@ func (l *listener) file(g *greeting, t int64) {
 }
 
 // expire drops connections whose streams did not all arrive in time: their
-// connector gave up (or died) half way.
+// connector gave up (or died) half way. Each carried this listen's secret,
+// so it was the connection NCCL is calling accept for, and its connector may
+// already hold its comm (connect returns once every hello is written into
+// its own kernel): the failure is accept's answer in its turn, as for a
+// connection that could not be set up. Dropped silently, NCCL would call
+// accept for it forever. A live connector has finished or failed by then:
+// its own deadline, NCCL_GO_TIMEOUT as well, started before its first stream
+// arrived here.
 func (l *listener) expire(t int64) {
 	for id, in := range l.conns {
 		if t-in.since <= l.partial {
@@ -293,6 +300,9 @@ func (l *listener) expire(t int64) {
 			"arrived within %v", in.peer, l.addr, in.have, l.info.streams+2, time.Duration(l.partial))
 		in.cs.close()
 		delete(l.conns, id)
+		l.ready = append(l.ready, accepted{err: nccl.Errorf(nccl.SystemError,
+			"the connection from %s never completed: %d of its %d streams arrived within %v (%s); its host died or "+
+				"the network was cut while it connected", in.peer, in.have, l.info.streams+2, time.Duration(l.partial), envTimeout)})
 	}
 }
 
