@@ -157,6 +157,11 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 		return nccl.NoRequest, s.protocolError(err.Error())
 	}
 	if !ready {
+		// Entry 0 came and a later one of the same write has not: a
+		// receiver that died mid-write would leave it so for good.
+		if s.watch.gone() {
+			return nccl.NoRequest, s.peerGoneError(fmt.Sprintf("send of %d bytes (waiting for the rest of the receiver's clear-to-send)", size))
+		}
 		return nccl.NoRequest, nil
 	}
 	entry := -1
