@@ -82,8 +82,10 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 	l.hello = int64(helloTimeout(t.log))
 	// A connector gives up NCCL_GO_TIMEOUT (timeout.Bound) after it
 	// started, before its first stream arrived here: a connection still
-	// incomplete that long after its first stream never will be.
-	l.partial = int64(timeout.Bound(l.opts.timeout))
+	// incomplete that long after its first stream never will be. The hello
+	// wait on top is slack: a connect checks for completion before its
+	// deadline, and the connector's host may set a larger timeout.
+	l.partial = int64(timeout.Bound(l.opts.timeout)) + l.hello
 	bind := netip.AddrPortFrom(d.addr.WithZone(""), 0)
 	fd, err := newSocket(bind, l.opts)
 	if err == nil {
@@ -290,7 +292,7 @@ func (l *listener) file(g *greeting, t int64) {
 // connection that could not be set up. Dropped silently, NCCL would call
 // accept for it forever. A live connector has finished or failed by then:
 // its own deadline, NCCL_GO_TIMEOUT as well, started before its first stream
-// arrived here.
+// arrived here (l.partial adds the hello wait as slack).
 func (l *listener) expire(t int64) {
 	for id, in := range l.conns {
 		if t-in.since <= l.partial {

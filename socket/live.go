@@ -153,16 +153,18 @@ func setKeepalive(fd, idle, cnt int) error {
 	return nil
 }
 
-// keepCntAfterClose is the keepalive count of a receiving data stream once
-// the sender closed: its host is then asked every keepIdleAfterClose, and
-// after this many silent probes the kernel fails the stream.
-const keepCntAfterClose = 4
+// keepCntAfterClose is the keepalive count of a receiving stream once the
+// sender closed: its host is then asked every keepIdleAfterClose, and after
+// this many silent probes in a row the kernel fails the stream, one interval
+// after the last of them: (keepCntAfterClose+1) intervals after the stream's
+// last segment. A cut that swallows them all spans (keepCntAfterClose-1)
+// intervals at least (from just before the first to just after the last),
+// so with 5 that is 4 quarters of NCCL_GO_TIMEOUT: a cut shorter than the
+// timeout recovers, as the liveness stream promises.
+const keepCntAfterClose = 5
 
 // keepIdleAfterClose is NCCL_GO_TIMEOUT/4 in whole seconds, rounded up (the
-// kernel counts keepalive in seconds), at least 1: the stream fails
-// (keepCntAfterClose+1) of these after its last segment, never sooner than
-// 5/4 of the timeout, so a cut shorter than the timeout recovers as the
-// liveness stream promises.
+// kernel counts keepalive in seconds), at least 1.
 func keepIdleAfterClose(timeout int64) int {
 	s := (timeout/4 + int64(time.Second) - 1) / int64(time.Second)
 	return int(min(max(s, 1), 32767))
@@ -189,12 +191,15 @@ func (c *core) watchStreamsAfterClose() {
 	}
 	c.watchedAfterClose = true
 	idle := keepIdleAfterClose(c.live.pol.timeout)
-	err := setKeepalive(c.ctrl, idle, keepCntAfterClose)
-	for i := 0; err == nil && i < len(c.streams); i++ {
-		err = setKeepalive(c.streams[i].fd, idle, keepCntAfterClose)
+	fds := make([]int, 0, 1+len(c.streams))
+	fds = append(fds, c.ctrl)
+	for _, s := range c.streams {
+		fds = append(fds, s.fd)
 	}
-	if err != nil {
-		c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive after the sender's close failed (%v); "+
-			"a receive still waiting for its bytes is then bounded only by NCCL's own watchdog", c.peer, err)
+	for _, fd := range fds {
+		if err := setKeepalive(fd, idle, keepCntAfterClose); err != nil {
+			c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive on a stream after the sender's close failed (%v); "+
+				"a receive still waiting for its bytes there is then bounded only by NCCL's own watchdog", c.peer, err)
+		}
 	}
 }

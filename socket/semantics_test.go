@@ -247,7 +247,7 @@ func TestConnectBlackholeBounded(t *testing.T) {
 // calls accept for: accept fails once, naming it (until 2026-11-28 it
 // answered NULL forever). The listener still accepts a real connector.
 func TestHalfOpenHandshakeDropped(t *testing.T) {
-	withEnv(t, map[string]string{envTimeout: "0.5", envNThreads: "2"})
+	withEnv(t, map[string]string{envTimeout: "0.5", envNThreads: "2", envHelloTimeout: "1"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
 	l, h, hi := listenDecoded(t, tr)
