@@ -304,7 +304,7 @@ func (l *listener) expire(t int64) {
 		delete(l.conns, id)
 		l.ready = append(l.ready, accepted{err: nccl.Errorf(nccl.SystemError,
 			"the connection from %s never completed: %d of its %d streams arrived within %v (%s); its host died or "+
-				"the network was cut while it connected", in.peer, in.have, l.info.streams+2, time.Duration(l.partial), envTimeout)})
+				"the network was cut while it connected", in.peer, in.have, l.info.streams+2, time.Duration(l.partial), envTimeout+" plus "+envHelloTimeout)})
 	}
 }
 
