@@ -319,12 +319,7 @@ func TestPeerResetMidTransfer(t *testing.T) {
 			tr := initLoopback(t, log)
 			s, r := pair(t, tr)
 			const size = 256 << 20
-			src := make([]byte, size)
-			dst := make([]byte, size)
-			rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
-			require.NoError(t, err)
-			sq, err := s.Isend(bufPtr(src), size, 1, 0)
-			require.NoError(t, err)
+			src, dst, sq, rq := postOne(t, s, r, size)
 			// Let the transfer start, not finish: with every byte on the
 			// control stream a few calls already move megabytes.
 			for i := 0; i < 5; i++ {
@@ -367,6 +362,19 @@ func TestPeerResetMidTransfer(t *testing.T) {
 
 // rogueConnect plays a connector by hand: control, liveness and data
 // streams of one connection, each with its hello.
+// postOne posts one receive and one send of size bytes (tag 1) on a pair
+// made by pair, with fresh buffers.
+func postOne(t *testing.T, s *sendComm, r *recvComm, size int) (src, dst []byte, sq, rq nccl.Request) {
+	t.Helper()
+	src, dst = make([]byte, size), make([]byte, size)
+	var err error
+	rq, err = r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+	require.NoError(t, err)
+	sq, err = s.Isend(bufPtr(src), size, 1, 0)
+	require.NoError(t, err)
+	return src, dst, sq, rq
+}
+
 func rogueConnect(t *testing.T, hi handleInfo, connID uint64) (ctrl, beat net.Conn, data []net.Conn) {
 	t.Helper()
 	dial := func(index int) net.Conn {

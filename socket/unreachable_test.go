@@ -381,13 +381,7 @@ func TestClosedInlineSendersHostDies(t *testing.T) {
 	log := &captureLog{}
 	tr := initLoopback(t, log)
 	s, r := pair(t, tr)
-	const size = 2 << 20
-	src := make([]byte, size)
-	dst := make([]byte, size)
-	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
-	require.NoError(t, err)
-	sq, err := s.Isend(bufPtr(src), size, 1, 0)
-	require.NoError(t, err)
+	src, dst, sq, rq := postOne(t, s, r, 2<<20)
 	for deadline := time.Now().Add(10 * time.Second); ; pace() {
 		done, _, err := s.Test(sq)
 		require.NoError(t, err)
