@@ -137,10 +137,7 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 	ents := &s.cts[slot]
 	idx := s.fifoHead + 1
 	if atomic.LoadUint64(&ents[0].Idx) != idx {
-		if s.watch.gone() {
-			return nccl.NoRequest, s.peerGoneError(fmt.Sprintf("send of %d bytes (waiting for the receiver's clear-to-send)", size))
-		}
-		return nccl.NoRequest, nil
+		return s.notYet(size, "the receiver's clear-to-send")
 	}
 	if s.slotPosted[slot] {
 		// The FIFO wrapped onto a slot whose previous sends have not
@@ -159,10 +156,7 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 	if !ready {
 		// Entry 0 came and a later one of the same write has not: a
 		// receiver that died mid-write would leave it so for good.
-		if s.watch.gone() {
-			return nccl.NoRequest, s.peerGoneError(fmt.Sprintf("send of %d bytes (waiting for the rest of the receiver's clear-to-send)", size))
-		}
-		return nccl.NoRequest, nil
+		return s.notYet(size, "the rest of the receiver's clear-to-send")
 	}
 	entry := -1
 	for r := 0; r < nreqs; r++ {
@@ -279,6 +273,15 @@ func (s *sendComm) post(slot, nreqs int) error {
 		}
 	}
 	return nil
+}
+
+// notYet answers an isend that waits for the receiver's clear-to-send:
+// retry later, unless the peer watch says the receiver is gone.
+func (s *sendComm) notYet(size int, what string) (nccl.Request, error) {
+	if s.watch.gone() {
+		return nccl.NoRequest, s.peerGoneError(fmt.Sprintf("send of %d bytes (waiting for %s)", size, what))
+	}
+	return nccl.NoRequest, nil
 }
 
 // parseCTS reads the clear-to-send entries of the FIFO slot for message

@@ -191,15 +191,14 @@ func (c *core) watchStreamsAfterClose() {
 	}
 	c.watchedAfterClose = true
 	idle := keepIdleAfterClose(c.live.pol.timeout)
-	fds := make([]int, 0, 1+len(c.streams))
-	fds = append(fds, c.ctrl)
-	for _, s := range c.streams {
-		fds = append(fds, s.fd)
-	}
-	for _, fd := range fds {
+	arm := func(fd int) {
 		if err := setKeepalive(fd, idle, keepCntAfterClose); err != nil {
 			c.log.Infof(nccl.SubsysNet, "NET/GoSocket : receive connection from %s: TCP keepalive on a stream after the sender's close failed (%v); "+
 				"a receive still waiting for its bytes there is then bounded only by NCCL's own watchdog", c.peer, err)
 		}
+	}
+	arm(c.ctrl)
+	for _, s := range c.streams {
+		arm(s.fd)
 	}
 }

@@ -162,6 +162,7 @@ func (r *recvComm) fill(max int) bool {
 // senderClosed records the control stream's end of file. Chunks of a
 // matched message may still be arriving on the data streams, from a host
 // that can die before they all came: watchStreamsAfterClose bounds that wait.
+// (Test arms the same watch when only the liveness stream has said so.)
 func (r *recvComm) senderClosed() {
 	r.ctrlEOF = true
 	r.watchStreamsAfterClose()
@@ -381,8 +382,9 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 	// last byte it sent), so the liveness stream's end of file is no
 	// verdict here. It does say that the sender closed, though, also when
 	// the control stream's own end of file is not read yet (a later header
-	// waits for its receive, or a data-stream queue is full): the data
-	// streams then need their keepalive as much.
+	// waits for its receive, or a data-stream queue is full): the bytes
+	// still owed on the control and data streams need their keepalive as
+	// much.
 	if r.checkLive() == livePeerClosed {
 		r.watchStreamsAfterClose()
 	}

@@ -32,8 +32,8 @@ type core struct {
 
 	err    atomic.Pointer[nccl.Error]
 	warned bool // NCCL thread only: the fatal error was logged
-	// NCCL thread only: the data streams have keepalive since the sender
-	// closed (watchStreamsAfterClose).
+	// NCCL thread only: the control and data streams have keepalive since
+	// the sender closed (watchStreamsAfterClose).
 	watchedAfterClose bool
 
 	nextStream int // NCCL thread only: stream of the next chunk
