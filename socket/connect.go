@@ -70,6 +70,7 @@ type connectOp struct {
 	lastPoll int64
 	comm     *sendComm
 	err      error
+	drain    *drainer // the transport's, for the comm's close
 }
 
 func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connectOp {
@@ -199,7 +200,7 @@ func (op *connectOp) step() {
 		for i := range op.socks {
 			op.socks[i].fd = -1 // the comm owns them now
 		}
-		sc, err := newSendComm(cs, op.info, op.opts, op.log)
+		sc, err := newSendComm(cs, op.info, op.opts, op.log, op.drain)
 		if err != nil {
 			op.log.Warnf("NET/GoSocket : setting up the connection to %s: %v", op.addr, err)
 			op.finish(err)

@@ -45,8 +45,9 @@ type sendComm struct {
 	iw          iovWriter
 }
 
-func newSendComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger) (*sendComm, error) {
+func newSendComm(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, d *drainer) (*sendComm, error) {
 	s := &sendComm{inline: o.inline, reqs: reqpool.New[sendReq](maxSends)}
+	s.drain = d
 	s.idleInline = max(s.inline, o.idleInline)
 	boundLocalSndBuf(append([]int{cs.ctrl}, cs.data...), o, log)
 	if err := s.core.init(cs, hi, o, log, true); err != nil {
@@ -195,4 +196,11 @@ func (s *sendComm) RegMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.Me
 func (s *sendComm) DeregMr(mh nccl.MemHandle) error { return s.deregMr(mh) }
 
 // Close implements nccl.Comm.
-func (s *sendComm) Close() error { return s.close() }
+func (s *sendComm) Close() error {
+	if s.reqs.InUse() > 0 {
+		// An abort: a message cut short fails at the receiver however
+		// its bytes end, so nothing is worth keeping the streams for.
+		s.drain = nil
+	}
+	return s.close()
+}

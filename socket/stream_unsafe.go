@@ -47,6 +47,9 @@ type core struct {
 
 	send  bool // the sending end
 	stats connStats
+	// drain, on a sending end, takes its streams at close (drain.go); nil
+	// closes them outright.
+	drain *drainer
 
 	mhSeq atomic.Uint64
 	// The registered ranges, by handle: DeregMr's fence (deregMr) needs to
@@ -216,22 +219,33 @@ func (c *core) streamHeld() bool {
 // close stops the helpers and closes every socket. It never waits for the
 // peer: helpers only ever wait in poll with the wake-up eventfd in the set,
 // and return before close does, so no buffer NCCL frees next is touched
-// afterwards and no descriptor is used after it is closed.
+// afterwards and no descriptor of the comm is used after it returns. A
+// healthy sending end's streams whose bytes the receiver has not all
+// acknowledged go to the transport's drainer, with the liveness stream,
+// instead of becoming orphans the kernel may drop (drain.go); all are shut
+// for writing, so the receiver learns of the close as before.
 func (c *core) close() error {
 	if !c.closing.CompareAndSwap(false, true) {
 		return nil
 	}
+	healthy := c.err.Load() == nil
 	c.fail(nccl.SystemError, "connection with %s closed", c.peer)
 	c.stopHelpers()
 	c.logStats()
 	for _, h := range c.helpers {
 		unix.Close(h.evfd)
 	}
-	forkguard.Close(c.ctrl)
-	forkguard.Close(c.live.fd)
-	for _, s := range c.streams {
-		forkguard.Close(s.fd)
+	d := c.drain
+	if !healthy {
+		// A failed connection's bytes are lost anyway.
+		d = nil
 	}
+	fds := make([]int, 0, 1+len(c.streams))
+	fds = append(fds, c.ctrl)
+	for _, s := range c.streams {
+		fds = append(fds, s.fd)
+	}
+	d.adopt(c.live.fd, c.live.pol, fds)
 	return nil
 }
 

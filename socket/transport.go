@@ -25,6 +25,9 @@ type Transport struct {
 	devs      []device
 	pending   map[uint64]*connectOp
 	listeners map[*listener]struct{}
+	// drain holds closed send comms' streams until their bytes are
+	// acknowledged (drain.go).
+	drain drainer
 }
 
 // New returns an uninitialised socket transport, for nccl.Register.
@@ -165,6 +168,7 @@ func (t *Transport) Connect(dev int, h *nccl.Handle, _ nccl.ConnectOptions) (ncc
 		}
 		t.sweepPending(clock.Now())
 		op = newConnectOp(binary.LittleEndian.Uint64(idb[:])|1, hi, d, t.log)
+		op.drain = &t.drain
 		t.mu.Lock()
 		if !t.ready {
 			t.mu.Unlock()
@@ -216,9 +220,9 @@ func (t *Transport) sweepPending(now int64) {
 	}
 }
 
-// Finalize implements nccl.Transport: it ends pending connects and closes
-// listeners and the connections nobody claimed. Nothing runs in the
-// background, so nothing needs waiting for.
+// Finalize implements nccl.Transport: it ends pending connects, closes
+// listeners and the connections nobody claimed, and stops the drainer
+// (drain.go), the only thing of the transport's that runs in the background.
 func (t *Transport) Finalize() error {
 	t.mu.Lock()
 	if !t.ready {
@@ -243,6 +247,7 @@ func (t *Transport) Finalize() error {
 	for _, l := range ls {
 		l.Close()
 	}
+	t.drain.closeAll(t.log)
 	return nil
 }
 

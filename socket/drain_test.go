@@ -1,0 +1,210 @@
+package socket
+
+import (
+	"bufio"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
+)
+
+// TestClosedSenderKeepsUnsentBytes: a send completes with most of its bytes
+// still in the sender's kernel, the receiver not reading, and the sender
+// closes. Those bytes must stay on an open socket, not an orphan the kernel
+// drops after a few minutes of closed window (drain.go); the receiver that
+// reads later gets every byte, and once it acknowledged them the streams
+// close. Runs in a private network namespace, so that
+// /proc/thread-self/net/tcp lists only this test's sockets.
+func TestClosedSenderKeepsUnsentBytes(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"inline on the control stream", map[string]string{envNThreads: "0"}},
+		{"striped over data streams", map[string]string{envNThreads: "2", envNSocks: "2", envHelpers: "0"}},
+		{"striped, with helpers", map[string]string{envNThreads: "2", envNSocks: "2", envHelpers: "2"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			enterPrivateNetns(t)
+			c.env[envSndBuf], c.env[envRcvBuf], c.env[envTimeout] = "4194304", "131072", "1"
+			withEnv(t, c.env)
+			tr := initLoopback(t, &captureLog{})
+			s, r := pair(t, tr)
+			const size = 2 << 20
+			src, dst := make([]byte, size), make([]byte, size)
+			pattern(src, 5)
+			rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
+			require.NoError(t, err)
+			sq, err := s.Isend(bufPtr(src), size, 1, 0)
+			require.NoError(t, err)
+			for deadline := time.Now().Add(10 * time.Second); ; pace() {
+				done, _, err := s.Test(sq)
+				require.NoError(t, err)
+				if done {
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
+			}
+			require.NoError(t, s.Close())
+
+			unacked, orphans := unackedSockets(t)
+			require.NotZero(t, unacked, "the receiver has not read: 2 MiB cannot all be acknowledged")
+			assert.Zero(t, orphans, "a closed sender's unacknowledged bytes were left on orphaned sockets, which the "+
+				"kernel drops when the receiver keeps its window shut for minutes")
+			// Not equal to unacked: a control stream whose header was
+			// acknowledged meanwhile may already be closed.
+			assert.NotZero(t, tr.drain.kept())
+
+			// The receiver reads only after three timeouts: liveness, not
+			// progress, decides, on either side.
+			time.Sleep(3 * time.Second)
+			unacked, orphans = unackedSockets(t)
+			require.NotZero(t, unacked)
+			assert.Zero(t, orphans)
+			assert.NotZero(t, tr.drain.kept(), "the streams of a closed sender whose receiver's host answers were dropped")
+
+			// The receiver reads now, and gets every byte.
+			for deadline := time.Now().Add(10 * time.Second); ; pace() {
+				done, err := r.Test(rq, nil)
+				require.NoError(t, err)
+				if done {
+					break
+				}
+				require.True(t, time.Now().Before(deadline), "the receive did not complete")
+			}
+			require.Equal(t, src, dst)
+			for deadline := time.Now().Add(5 * time.Second); tr.drain.kept() > 0; time.Sleep(10 * time.Millisecond) {
+				require.True(t, time.Now().Before(deadline), "%d drained streams still open", tr.drain.kept())
+			}
+			runtime.KeepAlive(src)
+			runtime.KeepAlive(dst)
+		})
+	}
+}
+
+// TestClosedSenderDrainEndsOnReset: a receiver that closes without reading
+// resets the streams, which then close; a close with a send pending keeps
+// nothing; Finalize closes whatever is still kept.
+func TestClosedSenderDrainEndsOnReset(t *testing.T) {
+	enterPrivateNetns(t)
+	withEnv(t, map[string]string{envNThreads: "2", envNSocks: "2", envHelpers: "0", envSndBuf: "4194304", envRcvBuf: "131072"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	s, r := pair(t, tr)
+	src := make([]byte, 2<<20)
+	sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(10 * time.Second); ; pace() {
+		done, _, err := s.Test(sq)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
+	}
+	require.NoError(t, s.Close())
+	require.NotZero(t, tr.drain.kept())
+	require.NoError(t, r.Close())
+	for deadline := time.Now().Add(5 * time.Second); tr.drain.kept() > 0; time.Sleep(10 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "%d streams reset by their receiver still open", tr.drain.kept())
+	}
+
+	// An abort (a send still pending) keeps nothing: that message fails at
+	// the receiver however its bytes end.
+	s, _ = pair(t, tr)
+	_, err = s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	assert.Zero(t, tr.drain.kept())
+
+	// Finalize closes what the receiver never acknowledged, saying so.
+	s, _ = pair(t, tr)
+	sq, err = s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(10 * time.Second); ; pace() {
+		done, _, err := s.Test(sq)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
+	}
+	require.NoError(t, s.Close())
+	require.NotZero(t, tr.drain.kept())
+	require.NoError(t, tr.Finalize())
+	assert.Zero(t, tr.drain.kept())
+	assert.Contains(t, log.String(), "still had")
+	runtime.KeepAlive(src)
+}
+
+// unackedSockets counts this network namespace's TCP sockets that hold
+// bytes their peer has not acknowledged (tx_queue, beyond a FIN), and of
+// those the orphans: sockets no descriptor refers to, listed with inode 0.
+func unackedSockets(t *testing.T) (unacked, orphans int) {
+	t.Helper()
+	for _, name := range []string{"tcp", "tcp6"} {
+		f, err := os.Open("/proc/thread-self/net/" + name)
+		require.NoError(t, err)
+		sc := bufio.NewScanner(f)
+		sc.Scan() // header
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			require.GreaterOrEqual(t, len(fs), 10, "unexpected line in /proc/net/%s: %q", name, sc.Text())
+			q, _, _ := strings.Cut(fs[4], ":")
+			tx, err := strconv.ParseUint(q, 16, 64)
+			require.NoError(t, err)
+			// 0A: LISTEN, whose tx_queue is its backlog limit. A queue of
+			// 1 is a FIN alone (the liveness stream's, just closed).
+			if tx <= 1 || fs[3] == "0A" {
+				continue
+			}
+			unacked++
+			if fs[9] == "0" {
+				orphans++
+			}
+		}
+		require.NoError(t, sc.Err())
+		f.Close()
+	}
+	return unacked, orphans
+}
+
+// TestClosedSenderDrainEndsWhenReceiversHostDies: the kept streams go once
+// the receiver's host stops answering for NCCL_GO_TIMEOUT (here the link is
+// cut: the namespace's loopback goes down).
+func TestClosedSenderDrainEndsWhenReceiversHostDies(t *testing.T) {
+	enterPrivateNetns(t)
+	withEnv(t, map[string]string{envTimeout: "1", envNThreads: "0", envSndBuf: "4194304", envRcvBuf: "131072"})
+	tr := initLoopback(t, &captureLog{})
+	s, _ := pair(t, tr)
+	src := make([]byte, 2<<20)
+	sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	for deadline := time.Now().Add(10 * time.Second); ; pace() {
+		done, _, err := s.Test(sq)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
+	}
+	require.NoError(t, s.Close())
+	require.NotZero(t, tr.drain.kept())
+	setLoopback(t, false)
+	start := time.Now()
+	for tr.drain.kept() > 0 {
+		// 2 s (twice the 1 s keepalive interval), then the sweeper's
+		// 1 s period.
+		require.Less(t, time.Since(start), 6*time.Second, "the streams of a closed sender whose receiver's host died are still kept")
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("kept streams closed %v after the cut", time.Since(start).Round(time.Millisecond))
+	runtime.KeepAlive(src)
+}
