@@ -20,11 +20,12 @@ import (
 // off to the two-minute maximum, even when the receiver's kernel answers
 // every one (tcp_probe_timer; a receiver idle for 420 s was reset here): a
 // receiver that is merely slow would lose the tail of a message its sender
-// reported sent. An open
-// socket is kept for as long as the receiver answers (RFC 1122 4.2.2.17), and
-// the kernel still ends it when the receiver's host stops answering
-// (tcp_retries2) or its process closes (a reset). So close shuts such a stream
-// for writing, which queues the FIN after the data, and hands it here.
+// reported sent. An open socket's probes go on for as long as the receiver
+// answers (RFC 1122 4.2.2.17). So close shuts a stream that still has unsent
+// bytes for writing, which queues the FIN after them, and hands it here.
+// Bytes already sent need nothing: the receiver's kernel acknowledges them
+// whether or not it reads, and an orphan retransmits them if need be, so the
+// usual close (the last header awaiting a delayed ACK) keeps nothing.
 //
 // A comm's kept streams form a group with its liveness stream, which is shut
 // for writing too (the receiver sees the close as before) but stays open with
@@ -42,8 +43,11 @@ type drainer struct {
 	mu      sync.Mutex
 	groups  []*drainGroup
 	running bool
-	stop    chan struct{} // closed by closeAll to end the sweeper
+	stop    chan struct{} // closed by closeAll to end the sweeper; each sweeper's own
 	exited  chan struct{} // closed when the last sweeper started has returned
+	// final: Finalize has run, and nothing may start a sweeper it would not
+	// stop (a Close after Finalize is outside NCCL's contract); Init clears it.
+	final bool
 }
 
 // drainGroup is what one closed send comm left.
@@ -69,7 +73,7 @@ func (d *drainer) adopt(live int, pol livePolicy, fds []int) {
 		g.deadAge = max(pol.timeout, 2*int64(pol.keepIdle)*int64(time.Second))
 	}
 	for _, fd := range fds {
-		if d == nil || drained(fd) || unix.Shutdown(fd, unix.SHUT_WR) != nil {
+		if d == nil || !unsent(fd) || unix.Shutdown(fd, unix.SHUT_WR) != nil {
 			forkguard.Close(fd)
 		} else {
 			g.fds = append(g.fds, fd)
@@ -81,6 +85,10 @@ func (d *drainer) adopt(live int, pol livePolicy, fds []int) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.final {
+		g.close()
+		return
+	}
 	d.groups = append(d.groups, g)
 	if !d.running {
 		d.running = true
@@ -100,7 +108,7 @@ func (d *drainer) sweeper(stop <-chan struct{}, exited chan<- struct{}) {
 			return
 		case <-t.C:
 		}
-		if !d.sweep() {
+		if !d.sweep(stop) {
 			return
 		}
 		wait = min(2*wait, time.Second)
@@ -109,10 +117,15 @@ func (d *drainer) sweeper(stop <-chan struct{}, exited chan<- struct{}) {
 }
 
 // sweep closes the groups that are done. It reports whether any is left;
-// when none is, the sweeper that called it is no longer running.
-func (d *drainer) sweep() bool {
+// when none is, the sweeper that called it is no longer running. A sweeper
+// that closeAll stopped while it waited for the lock (stop is no longer the
+// current one) leaves everything to the sweeper started since, if any.
+func (d *drainer) sweep(stop <-chan struct{}) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.stop != stop || !d.running {
+		return false
+	}
 	keep := d.groups[:0]
 	for _, g := range d.groups {
 		if g.done() {
@@ -187,6 +200,7 @@ func (d *drainer) closeAll(log nccl.Logger) {
 	d.mu.Lock()
 	groups, exited := d.groups, d.exited
 	d.groups = nil
+	d.final = true
 	if d.running {
 		close(d.stop)
 		d.running = false
@@ -211,6 +225,13 @@ func (d *drainer) closeAll(log nccl.Logger) {
 	}
 }
 
+// reopen lets a transport initialised again after Finalize keep streams.
+func (d *drainer) reopen() {
+	d.mu.Lock()
+	d.final = false
+	d.mu.Unlock()
+}
+
 // kept reports how many control and data streams are kept (tests).
 func (d *drainer) kept() int {
 	d.mu.Lock()
@@ -223,16 +244,22 @@ func (d *drainer) kept() int {
 }
 
 // drained reports whether fd has nothing left for its peer to acknowledge,
-// or never will: the peer reset it, or the kernel gave up on it.
+// or never will: the peer reset it, or the kernel gave up on it (both leave
+// the state CLOSE). Not SO_ERROR, which also returns (and clears) the soft
+// error an ICMP or ARP failure leaves during a link flap the stream survives.
 func drained(fd int) bool {
-	if e, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR); err != nil || e != 0 {
-		return true
-	}
-	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
-	if err != nil || info.State == tcpClose {
+	var info unix.TCPInfo
+	if err := tcpInfo(fd, &info); err != nil || info.State == tcpClose {
 		return true
 	}
 	return outq(fd) <= 0
+}
+
+// unsent reports whether fd holds bytes it has not sent yet (a shut window),
+// the ones an orphan could lose.
+func unsent(fd int) bool {
+	var info unix.TCPInfo
+	return tcpInfo(fd, &info) == nil && info.State != tcpClose && info.Notsent_bytes > 0
 }
 
 // tcpClose is TCP_CLOSE in tcp_info's state: a reset or timed-out stream.

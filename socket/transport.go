@@ -85,6 +85,7 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 			"its requests stay pending until NCCL's watchdog; closed or killed peers are still seen", envTimeout)
 	}
 	t.devs = devs
+	t.drain.reopen()
 	t.pending = map[uint64]*connectOp{}
 	t.listeners = map[*listener]struct{}{}
 	t.ready = true
