@@ -44,14 +44,7 @@ func TestClosedSenderKeepsUnsentBytes(t *testing.T) {
 			require.NoError(t, err)
 			sq, err := s.Isend(bufPtr(src), size, 1, 0)
 			require.NoError(t, err)
-			for deadline := time.Now().Add(10 * time.Second); ; pace() {
-				done, _, err := s.Test(sq)
-				require.NoError(t, err)
-				if done {
-					break
-				}
-				require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
-			}
+			waitSent(t, s, sq)
 			require.NoError(t, s.Close())
 
 			unacked, orphans := unackedSockets(t)
@@ -97,18 +90,7 @@ func TestClosedSenderDrainEndsOnReset(t *testing.T) {
 	withEnv(t, map[string]string{envNThreads: "2", envNSocks: "2", envHelpers: "0", envSndBuf: "4194304", envRcvBuf: "131072"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	s, r := pair(t, tr)
-	src := make([]byte, 2<<20)
-	sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
-	require.NoError(t, err)
-	for deadline := time.Now().Add(10 * time.Second); ; pace() {
-		done, _, err := s.Test(sq)
-		require.NoError(t, err)
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
-	}
+	s, r := sendUnread(t, tr)
 	require.NoError(t, s.Close())
 	require.NotZero(t, tr.drain.kept())
 	require.NoError(t, r.Close())
@@ -119,23 +101,14 @@ func TestClosedSenderDrainEndsOnReset(t *testing.T) {
 	// An abort (a send still pending) keeps nothing: that message fails at
 	// the receiver however its bytes end.
 	s, _ = pair(t, tr)
-	_, err = s.Isend(bufPtr(src), len(src), 1, 0)
+	src := make([]byte, 2<<20)
+	_, err := s.Isend(bufPtr(src), len(src), 1, 0)
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 	assert.Zero(t, tr.drain.kept())
 
 	// Finalize closes what the receiver never acknowledged, saying so.
-	s, _ = pair(t, tr)
-	sq, err = s.Isend(bufPtr(src), len(src), 1, 0)
-	require.NoError(t, err)
-	for deadline := time.Now().Add(10 * time.Second); ; pace() {
-		done, _, err := s.Test(sq)
-		require.NoError(t, err)
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
-	}
+	s, _ = sendUnread(t, tr)
 	require.NoError(t, s.Close())
 	require.NotZero(t, tr.drain.kept())
 	require.NoError(t, tr.Finalize())
@@ -186,18 +159,7 @@ func TestClosedSenderDrainEndsWhenReceiversHostDies(t *testing.T) {
 	enterPrivateNetns(t)
 	withEnv(t, map[string]string{envTimeout: "1", envNThreads: "0", envSndBuf: "4194304", envRcvBuf: "131072"})
 	tr := initLoopback(t, &captureLog{})
-	s, _ := pair(t, tr)
-	src := make([]byte, 2<<20)
-	sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
-	require.NoError(t, err)
-	for deadline := time.Now().Add(10 * time.Second); ; pace() {
-		done, _, err := s.Test(sq)
-		require.NoError(t, err)
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
-	}
+	s, _ := sendUnread(t, tr)
 	require.NoError(t, s.Close())
 	require.NotZero(t, tr.drain.kept())
 	setLoopback(t, false)
@@ -209,7 +171,6 @@ func TestClosedSenderDrainEndsWhenReceiversHostDies(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("kept streams closed %v after the cut", time.Since(start).Round(time.Millisecond))
-	runtime.KeepAlive(src)
 }
 
 // TestUsualCloseKeepsNothing: once a message was received, a sender's close
@@ -230,24 +191,10 @@ func TestUsualCloseKeepsNothing(t *testing.T) {
 			for i := 0; i < 20; i++ {
 				s, r := pair(t, tr)
 				src, dst, sq, rq := postOne(t, s, r, c.size)
-				sdone, rdone := false, false
-				for deadline := time.Now().Add(10 * time.Second); !sdone || !rdone; pace() {
-					var err error
-					if !sdone {
-						sdone, _, err = s.Test(sq)
-						require.NoError(t, err)
-					}
-					if !rdone {
-						rdone, err = r.Test(rq, nil)
-						require.NoError(t, err)
-					}
-					require.True(t, time.Now().Before(deadline), "the message did not arrive")
-				}
+				finish(t, s, r, sq, rq, src, dst)
 				require.NoError(t, s.Close())
 				require.Zero(t, tr.drain.kept(), "round %d: a close after a completed exchange kept streams", i)
 				require.NoError(t, r.Close())
-				runtime.KeepAlive(src)
-				runtime.KeepAlive(dst)
 			}
 		})
 	}
@@ -260,23 +207,7 @@ func TestCloseAfterFinalizeKeepsNothing(t *testing.T) {
 	withEnv(t, map[string]string{envNThreads: "0", envSndBuf: "4194304", envRcvBuf: "131072"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
-	sendUnread := func() *sendComm {
-		s, _ := pair(t, tr)
-		src := make([]byte, 2<<20)
-		sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
-		require.NoError(t, err)
-		for deadline := time.Now().Add(10 * time.Second); ; pace() {
-			done, _, err := s.Test(sq)
-			require.NoError(t, err)
-			if done {
-				break
-			}
-			require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
-		}
-		runtime.KeepAlive(src)
-		return s
-	}
-	s := sendUnread()
+	s, _ := sendUnread(t, tr)
 	require.NoError(t, tr.Finalize())
 	require.NoError(t, s.Close())
 	assert.Zero(t, tr.drain.kept(), "a close after Finalize kept streams")
@@ -286,7 +217,7 @@ func TestCloseAfterFinalizeKeepsNothing(t *testing.T) {
 	assert.False(t, running, "a close after Finalize started the sweeper")
 
 	require.NoError(t, tr.Init(nccl.InitContext{Log: log}))
-	s = sendUnread()
+	s, _ = sendUnread(t, tr)
 	require.NoError(t, s.Close())
 	assert.NotZero(t, tr.drain.kept(), "after Init again, a closed sender's unsent bytes are kept again")
 }
@@ -304,4 +235,32 @@ func TestStaleSweeperLeavesTheNewOne(t *testing.T) {
 	assert.True(t, d.running, "the stale sweeper marked the drainer idle while the current sweeper runs")
 	assert.False(t, d.sweep(current), "nothing kept: the current sweeper stops")
 	assert.False(t, d.running)
+}
+
+// waitSent tests send sq until it is done: all its bytes are in the
+// sender's kernel.
+func waitSent(t *testing.T, s *sendComm, sq nccl.Request) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; pace() {
+		done, _, err := s.Test(sq)
+		require.NoError(t, err)
+		if done {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
+	}
+}
+
+// sendUnread connects a pair and sends 2 MiB the receiver does not read,
+// until all of it is in the sender's kernel: with the receive buffer at
+// 128 KiB, most of it unsent.
+func sendUnread(t *testing.T, tr *Transport) (*sendComm, *recvComm) {
+	t.Helper()
+	s, r := pair(t, tr)
+	src := make([]byte, 2<<20)
+	sq, err := s.Isend(bufPtr(src), len(src), 1, 0)
+	require.NoError(t, err)
+	waitSent(t, s, sq)
+	runtime.KeepAlive(src)
+	return s, r
 }

@@ -382,14 +382,7 @@ func TestClosedInlineSendersHostDies(t *testing.T) {
 	tr := initLoopback(t, log)
 	s, r := pair(t, tr)
 	src, dst, sq, rq := postOne(t, s, r, 2<<20)
-	for deadline := time.Now().Add(10 * time.Second); ; pace() {
-		done, _, err := s.Test(sq)
-		require.NoError(t, err)
-		if done {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "the send never reached the sender's kernel")
-	}
+	waitSent(t, s, sq)
 	// The receiver has not read yet: most of the message is still in the
 	// sender's kernel when it closes and its host dies.
 	require.NoError(t, s.Close())
