@@ -44,7 +44,7 @@ type drainer struct {
 	groups  []*drainGroup
 	running bool
 	stop    chan struct{} // closed by closeAll to end the sweeper; each sweeper's own
-	exited  chan struct{} // closed when the last sweeper started has returned
+	exited  chan struct{} // closed when the last sweeper started returns (an earlier one may still be leaving, touching nothing)
 	// final: Finalize has run, and nothing may start a sweeper it would not
 	// stop (a Close after Finalize is outside NCCL's contract); Init clears it.
 	final bool
@@ -212,7 +212,8 @@ func (d *drainer) closeAll(log nccl.Logger) {
 	var n, bytes int
 	for _, g := range groups {
 		for _, fd := range g.fds {
-			if q := outq(fd); q > 0 {
+			// Less the FIN, queued behind the bytes since SHUT_WR.
+			if q := outq(fd) - 1; q > 0 {
 				n++
 				bytes += q
 			}
