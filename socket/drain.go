@@ -29,10 +29,11 @@ import (
 //
 // A comm's kept streams form a group with its liveness stream, which is shut
 // for writing too (the receiver sees the close as before) but stays open with
-// its keepalive: the group closes, all at once, when every stream's bytes are
-// acknowledged, when the receiver closed (its end of the liveness stream, or
-// a reset on any stream), or when the receiver's host has not answered the
-// keepalive for NCCL_GO_TIMEOUT, the same verdict the comm itself would reach.
+// its keepalive. Each kept stream closes once its bytes are acknowledged, and
+// the liveness stream with the last of them; the whole group closes at once
+// when the receiver closed (its end of the liveness stream, or a reset on any
+// stream), or when the receiver's host has not answered the keepalive for
+// NCCL_GO_TIMEOUT, the same verdict the comm itself would reach.
 //
 // A sweeper goroutine runs while any group is kept: it looks at them after
 // 1 ms, then at doubling intervals up to a second, and exits when none is
@@ -54,16 +55,16 @@ type drainer struct {
 type drainGroup struct {
 	live    int
 	deadAge int64 // Last_ack_recv age (ns) on live that means the host is gone; 0: never
-	fds     []int // control and data streams with bytes unacknowledged at close
+	fds     []int // control and data streams with bytes unsent at close, until acknowledged
 	info    unix.TCPInfo
 	buf     [64]byte
 }
 
 // adopt takes over a closing send comm's streams: the liveness stream live
 // (with its policy) and the control and data streams fds. Those with nothing
-// unacknowledged are closed at once, and live with them when none is left;
-// the others are shut for writing, which queues the FIN after their bytes,
-// and kept. A nil drainer closes everything.
+// unsent are closed at once, and live with them when none is left; the
+// others are shut for writing, which queues the FIN after their bytes, and
+// kept. A nil drainer closes everything.
 func (d *drainer) adopt(live int, pol livePolicy, fds []int) {
 	g := &drainGroup{live: live}
 	if pol.timeout > 0 {
@@ -158,7 +159,6 @@ func (g *drainGroup) done() bool {
 			forkguard.Close(fd)
 		}
 	}
-	clear(g.fds[len(keep):])
 	g.fds = keep
 	if len(keep) == 0 || reset {
 		return true
