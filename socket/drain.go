@@ -163,16 +163,9 @@ func (g *drainGroup) done() bool {
 	if len(keep) == 0 || reset {
 		return true
 	}
-	// The receiver's end of the liveness stream: its pings are drained,
-	// end of file or a reset means its comm closed.
-	for {
-		n, eof, err := recvSlice(g.live, g.buf[:])
-		if eof || (err != nil && err != unix.EAGAIN) {
-			return true
-		}
-		if n < len(g.buf) {
-			break
-		}
+	// The receiver's end of the liveness stream closed with its comm.
+	if closed, err := readPings(g.live, &g.buf); closed || err != nil {
+		return true
 	}
 	if g.deadAge > 0 {
 		if err := tcpInfo(g.live, &g.info); err != nil {

@@ -70,20 +70,11 @@ func (l *liveness) check(t int64) (liveState, error) {
 	if l.closed {
 		return livePeerClosed, nil
 	}
-	// Drain the peer's pings; end of file or a reset means it closed.
-	for i := 0; i < 16; i++ {
-		n, eof, err := recvSlice(l.fd, l.buf[:])
-		if err == unix.ECONNRESET || eof {
-			// A reset too: a peer that closed with our pings unread.
-			l.closed = true
-			return livePeerClosed, nil
-		}
-		if err != nil {
-			return liveDead, err
-		}
-		if n < len(l.buf) {
-			break
-		}
+	if closed, err := readPings(l.fd, &l.buf); closed {
+		l.closed = true
+		return livePeerClosed, nil
+	} else if err != nil {
+		return liveDead, err
 	}
 	if l.pol.timeout <= 0 {
 		return liveOK, nil
@@ -117,6 +108,22 @@ func (l *liveness) check(t int64) (liveState, error) {
 		}
 	}
 	return liveOK, nil
+}
+
+// readPings drains the peer's pings from a liveness stream (at most 16
+// reads). closed: end of file or a reset, also one with our pings unread:
+// the peer closed its end.
+func readPings(fd int, buf *[64]byte) (closed bool, err error) {
+	for i := 0; i < 16; i++ {
+		n, eof, err := recvSlice(fd, buf[:])
+		if err == unix.ECONNRESET || eof {
+			return true, nil
+		}
+		if err != nil || n < len(buf) {
+			return false, err
+		}
+	}
+	return false, nil
 }
 
 // silentFor is how long the peer's kernel has not answered, as of the last

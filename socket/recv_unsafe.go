@@ -406,4 +406,4 @@ func (r *recvComm) RegMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.Me
 func (r *recvComm) DeregMr(mh nccl.MemHandle) error { return r.deregMr(mh) }
 
 // Close implements nccl.Comm.
-func (r *recvComm) Close() error { return r.close() }
+func (r *recvComm) Close() error { return r.close(false) }

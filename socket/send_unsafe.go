@@ -196,11 +196,6 @@ func (s *sendComm) RegMr(data unsafe.Pointer, size int, t nccl.PtrType) (nccl.Me
 func (s *sendComm) DeregMr(mh nccl.MemHandle) error { return s.deregMr(mh) }
 
 // Close implements nccl.Comm.
-func (s *sendComm) Close() error {
-	if s.reqs.InUse() > 0 {
-		// An abort: a message cut short fails at the receiver however
-		// its bytes end, so nothing is worth keeping the streams for.
-		s.drain = nil
-	}
-	return s.close()
-}
+// With a send pending it is an abort: a message cut short fails at the
+// receiver however its bytes end, so no stream is worth keeping.
+func (s *sendComm) Close() error { return s.close(s.reqs.InUse() == 0) }

@@ -219,12 +219,13 @@ func (c *core) streamHeld() bool {
 // close stops the helpers and closes every socket. It never waits for the
 // peer: helpers only ever wait in poll with the wake-up eventfd in the set,
 // and return before close does, so no buffer NCCL frees next is touched
-// afterwards and no descriptor of the comm is used after it returns. A
-// healthy sending end's streams whose bytes the receiver has not all
-// acknowledged go to the transport's drainer, with the liveness stream,
-// instead of becoming orphans the kernel may drop (drain.go); all are shut
-// for writing, so the receiver learns of the close as before.
-func (c *core) close() error {
+// afterwards and no descriptor of the comm is used after it returns. With
+// mayKeep, a healthy sending end's streams that still hold bytes they could
+// not send go to the transport's drainer, with the liveness stream, instead
+// of becoming orphans the kernel may drop (drain.go); all are shut for
+// writing, so the receiver learns of the close as before. A failed
+// connection's bytes are lost anyway.
+func (c *core) close(mayKeep bool) error {
 	if !c.closing.CompareAndSwap(false, true) {
 		return nil
 	}
@@ -236,8 +237,7 @@ func (c *core) close() error {
 		unix.Close(h.evfd)
 	}
 	d := c.drain
-	if !healthy {
-		// A failed connection's bytes are lost anyway.
+	if !mayKeep || !healthy {
 		d = nil
 	}
 	fds := make([]int, 0, 1+len(c.streams))
