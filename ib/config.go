@@ -49,6 +49,7 @@ var (
 	envECE          = env.Bool("NCCL_IB_ECE_ENABLE", true, "negotiate enhanced connection establishment where the NIC supports it")
 	envInline       = env.Bool("NCCL_IB_USE_INLINE", false, "send small clear-to-send entries inline")
 	envAsync        = env.Bool("NCCL_IB_RETURN_ASYNC_EVENTS", true, "fail the comms of a device that reports a fatal async event")
+	envQuerySpeed   = env.Bool("NCCL_IB_QUERY_PORT_SPEED", true, "report a port's effective bandwidth from ibv_query_port_speed where libibverbs and the kernel have it (a LAG: the sum of its links); 0: always lane rate × width")
 	envForceFlush   = env.Bool("NCCL_GO_IB_FORCE_FLUSH", false, "flush host-memory receives too (testing)")
 	envNoFlush      = env.Bool("NCCL_GDR_FLUSH_DISABLE", false, "skip the GPUDirect flush READ")
 	// NCCL's wrap_ibv_modify_qp: a transition that fails with ETIMEDOUT (on
@@ -92,6 +93,7 @@ type config struct {
 	ece         bool // NCCL_IB_ECE_ENABLE
 	useInline   bool // NCCL_IB_USE_INLINE
 	returnAsync bool // NCCL_IB_RETURN_ASYNC_EVENTS
+	querySpeed  bool // NCCL_IB_QUERY_PORT_SPEED
 	forceFlush  bool // NCCL_GO_IB_FORCE_FLUSH (ours)
 	noFlush     bool // NCCL_GDR_FLUSH_DISABLE
 	mqpRetry    mqpRetry
@@ -151,6 +153,7 @@ func readConfig(log nccl.Logger) (config, error) {
 		ece:         envECE.Get(log),
 		useInline:   envInline.Get(log),
 		returnAsync: envAsync.Get(log),
+		querySpeed:  envQuerySpeed.Get(log),
 		forceFlush:  envForceFlush.Get(log),
 		noFlush:     envNoFlush.Get(log),
 		mqpRetry: mqpRetry{

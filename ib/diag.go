@@ -98,6 +98,7 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 			for _, u := range used {
 				if u.name == name && u.port == port {
 					pt.Used, pt.DeviceIndex, pt.PCIPath = true, intp(u.index), u.pciPath
+					pt.SpeedMbps = u.speed // what NCCL is told (NCCL_IB_QUERY_PORT_SPEED)
 					gidIdx, gid = u.gidIndex, u.gid
 				}
 			}

@@ -373,3 +373,42 @@ func TestDMABufProbeAcceptsWhatNCCLAccepts(t *testing.T) {
 		require.NoError(t, tr.Finalize())
 	}
 }
+
+// TestPortSpeedFromQueryPortSpeed: with ibv_query_port_speed, a port reports
+// the provider's effective bandwidth (NCCL 2.30's NCCL_IB_QUERY_PORT_SPEED=1
+// default), here a function over a LAG of two 4x EDR links whose lane rate ×
+// width says one; without the verb, with the variable at 0, when the kernel
+// refuses the call or when it answers 0, lane rate × width, and a refusal is
+// an INFO, not a WARN.
+func TestPortSpeedFromQueryPortSpeed(t *testing.T) {
+	const lanes, lag = 100000, 200000 // 4x EDR; two of them
+	for _, c := range []struct {
+		name string
+		env  []string
+		feat verbs.Features
+		dev  softnic.DeviceConfig
+		want int
+		info string
+	}{
+		{"LAG", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{EffectiveSpeed: lag}, lag, "effective speed 200000 Mbps (ibv_query_port_speed), lane rate × width 100000 Mbps"},
+		{"off", []string{"NCCL_IB_QUERY_PORT_SPEED", "0"}, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{EffectiveSpeed: lag}, lanes, ""},
+		{"no verb", nil, verbs.Features{}, softnic.DeviceConfig{EffectiveSpeed: lag}, lanes, "has no ibv_query_port_speed"},
+		{"kernel without it", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{PortSpeedErr: verbs.EPROTONOSUPPORT}, lanes, "ibv_query_port_speed: errno 93 (EPROTONOSUPPORT); reporting lane rate × width (100000 Mbps)"},
+		{"zero", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{}, lanes, "ibv_query_port_speed answered 0 Mbps"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			setEnv(t, c.env...)
+			f := softnic.NewFabric()
+			c.dev.Name = "mlx5_0"
+			f.AddDevice(c.dev)
+			h := newHost(t, f, c.feat)
+			p, err := h.t.Properties(0)
+			require.NoError(t, err)
+			assert.Equal(t, c.want, p.Speed)
+			if c.info != "" {
+				assert.True(t, h.log.has(c.info), "no INFO %q in:\n%s", c.info, h.log.String())
+			}
+			assert.False(t, h.log.has("WARN"), h.log.String())
+		})
+	}
+}

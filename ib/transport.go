@@ -163,6 +163,9 @@ func (t *Transport) Init(ic nccl.InitContext) error {
 	if !t.feats.ECE {
 		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s has no ibv_query_ece/ibv_set_ece (IBVERBS_1.10): ECE negotiation disabled", p.Name())
 	}
+	if !t.feats.PortSpeed && cfg.querySpeed {
+		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s has no ibv_query_port_speed: ports report lane rate × width (a LAG function, one link's)", p.Name())
+	}
 	name, addr, err := findOOBInterface(t.log)
 	if err != nil {
 		return fmt.Errorf("%w: no interface for the IB out-of-band handshake: %v", nccl.ErrNoDevice, err)

@@ -51,6 +51,10 @@ type Features struct {
 	DMABuf   bool // ibv_reg_dmabuf_mr (IBVERBS_1.12)
 	RegIova2 bool // ibv_reg_mr_iova2 (IBVERBS_1.8), needed for relaxed ordering
 	ECE      bool // ibv_query_ece / ibv_set_ece (IBVERBS_1.10)
+	// PortSpeed: ibv_query_port_speed (rdma-core since late 2025), a port's
+	// effective bandwidth, which on a LAG or multi-port e-switch function is
+	// not lane rate × width.
+	PortSpeed bool
 }
 
 // Context is an open device (struct ibv_context).
@@ -58,6 +62,10 @@ type Context interface {
 	Name() string
 	QueryDevice() (DeviceAttr, error)
 	QueryPort(port int) (PortAttr, error)
+	// QueryPortSpeed is the port's effective bandwidth in Mbps
+	// (ibv_query_port_speed). EOPNOTSUPP when the library lacks it
+	// (Features.PortSpeed); kernels without the verb fail it too.
+	QueryPortSpeed(port int) (mbps int64, err error)
 	QueryGID(port, index int) (GID, error)
 	AllocPD() (PD, error)
 	CreateCQ(entries int) (CQ, error)

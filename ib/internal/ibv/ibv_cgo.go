@@ -62,9 +62,10 @@ func Load(path string) (*Provider, error) {
 	}
 	loaded = path
 	return &Provider{path: path, feat: verbs.Features{
-		DMABuf:   C.nb_has_dmabuf() != 0,
-		RegIova2: C.nb_has_iova2() != 0,
-		ECE:      C.nb_has_ece() != 0,
+		DMABuf:    C.nb_has_dmabuf() != 0,
+		RegIova2:  C.nb_has_iova2() != 0,
+		ECE:       C.nb_has_ece() != 0,
+		PortSpeed: C.nb_has_port_speed() != 0,
 	}}, nil
 }
 
@@ -172,6 +173,14 @@ func (c *context) QueryPort(port int) (verbs.PortAttr, error) {
 		GIDTblLen: int(a.gid_tbl_len), LID: uint16(a.lid), SM_LID: uint16(a.sm_lid), LMC: uint8(a.lmc),
 		ActiveWidth: uint8(a.active_width), ActiveSpeed: uint8(a.active_speed), LinkLayer: verbs.LinkLayer(a.link_layer),
 		Flags: uint8(a.flags)}, nil
+}
+
+func (c *context) QueryPortSpeed(port int) (int64, error) {
+	var s C.uint64_t
+	if r := C.nb_query_port_speed(c.ctx, C.int(port), &s); r != 0 {
+		return 0, errnoErr("ibv_query_port_speed", r)
+	}
+	return int64(s) * 100, nil
 }
 
 func (c *context) QueryGID(port, index int) (verbs.GID, error) {

@@ -1,6 +1,7 @@
 package ibv
 
 import (
+	"debug/elf"
 	"os"
 	"os/exec"
 	"testing"
@@ -68,6 +69,9 @@ func TestLoadResolvesSymbolsAndProbesOptionalOnes(t *testing.T) {
 	assert.True(t, f.RegIova2, "ibv_reg_mr_iova2@IBVERBS_1.8")
 	assert.True(t, f.DMABuf, "ibv_reg_dmabuf_mr@IBVERBS_1.12")
 	assert.True(t, f.ECE, "ibv_query_ece@IBVERBS_1.10")
+	// ibv_query_port_speed is newer than Debian 12's library: the feature
+	// must say what the library's dynamic symbol table says.
+	assert.Equal(t, exports(t, DefaultLibrary, "ibv_query_port_speed"), f.PortSpeed, "Features.PortSpeed")
 
 	_, err = Load("/some/other/libibverbs.so.1")
 	assert.ErrorContains(t, err, "already loaded", "one libibverbs per process")
@@ -125,6 +129,12 @@ func TestRealDeviceBasics(t *testing.T) {
 	pa, err := ctx.QueryPort(1)
 	require.NoError(t, err)
 	t.Logf("%s: %+v port1 %+v", names[0], da, pa)
+	mbps, err := ctx.QueryPortSpeed(1)
+	if p.Features().PortSpeed {
+		t.Logf("ibv_query_port_speed: %d Mbps, %v", mbps, err)
+	} else {
+		assert.ErrorIs(t, err, verbs.EOPNOTSUPP, "ibv_query_port_speed without the symbol")
+	}
 	pd, err := ctx.AllocPD()
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, pd.Dealloc()) }()
@@ -182,4 +192,27 @@ func TestRealAsyncEventsWaitInTheNetpoller(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a waiter did not notice Close")
 	}
+}
+
+// exports reports whether the installed library lib (found as
+// libibverbsPresent finds it) exports symbol sym.
+func exports(t *testing.T, lib, sym string) bool {
+	t.Helper()
+	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"} {
+		f, err := elf.Open(dir + "/" + lib)
+		if err != nil {
+			continue
+		}
+		defer f.Close()
+		syms, err := f.DynamicSymbols()
+		require.NoError(t, err)
+		for _, s := range syms {
+			if s.Name == sym && s.Section != elf.SHN_UNDEF {
+				return true
+			}
+		}
+		return false
+	}
+	t.Fatalf("%s not found", lib)
+	return false
 }

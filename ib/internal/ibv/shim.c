@@ -41,6 +41,7 @@ static int (*p_get_async_event)(struct ibv_context*, struct ibv_async_event*);
 static void (*p_ack_async_event)(struct ibv_async_event*);
 static int (*p_query_ece)(struct ibv_qp*, struct ibv_ece*);
 static int (*p_set_ece)(struct ibv_qp*, struct ibv_ece*);
+static int (*p_query_port_speed)(struct ibv_context*, uint32_t, uint64_t*);
 static int (*p_fork_init)(void);
 static int (*p_is_fork_initialized)(void); // enum ibv_fork_status
 
@@ -85,6 +86,9 @@ int nb_load(const char* path, char* err, int errlen) {
   OPTIONAL(p_set_ece, "ibv_set_ece", "IBVERBS_1.10");
   OPTIONAL(p_fork_init, "ibv_fork_init", "IBVERBS_1.1");
   OPTIONAL(p_is_fork_initialized, "ibv_is_fork_initialized", "IBVERBS_1.13");
+  // Too new for the headers this builds against: declared here, and taken at
+  // whatever version node the library exports it.
+  *(void**)&p_query_port_speed = dlsym(lib, "ibv_query_port_speed");
   return 0;
 fail:
   snprintf(err, errlen, "%s has no symbol %s (IBVERBS_1.1): not a usable libibverbs", path, missing_sym);
@@ -96,6 +100,7 @@ fail:
 int nb_has_dmabuf(void) { return p_reg_dmabuf_mr != NULL; }
 int nb_has_iova2(void) { return p_reg_mr_iova2 != NULL; }
 int nb_has_ece(void) { return p_query_ece != NULL && p_set_ece != NULL; }
+int nb_has_port_speed(void) { return p_query_port_speed != NULL; }
 const char* nb_missing(void) { return missing_sym; }
 
 // nb_fork_init: ibv_fork_init returns 0 or an errno value; *status is
@@ -173,6 +178,12 @@ int nb_query_port(struct ibv_context* ctx, int port, goportattr* out) {
   out->active_width = a.active_width; out->active_speed = a.active_speed;
   out->link_layer = a.link_layer; out->flags = a.flags;
   return 0;
+}
+
+// nb_query_port_speed: the port's effective bandwidth in units of 100 Mb/s.
+int nb_query_port_speed(struct ibv_context* ctx, int port, uint64_t* out) {
+  if (!p_query_port_speed) return EOPNOTSUPP;
+  return rc(p_query_port_speed(ctx, (uint32_t)port, out));
 }
 
 int nb_query_gid(struct ibv_context* ctx, int port, int index, uint8_t* gid16) {

@@ -38,6 +38,7 @@ int nb_load(const char* path, char* err, int errlen);
 int nb_has_dmabuf(void);
 int nb_has_iova2(void);
 int nb_has_ece(void);
+int nb_has_port_speed(void);
 int nb_fork_init(int* status);
 const char* nb_missing(void);
 
@@ -46,6 +47,7 @@ struct ibv_context* nb_open(const char* name);
 int nb_close(struct ibv_context* ctx);
 int nb_query_device(struct ibv_context* ctx, godevattr* out);
 int nb_query_port(struct ibv_context* ctx, int port, goportattr* out);
+int nb_query_port_speed(struct ibv_context* ctx, int port, uint64_t* out);
 int nb_query_gid(struct ibv_context* ctx, int port, int index, uint8_t* gid16);
 struct ibv_pd* nb_alloc_pd(struct ibv_context* ctx);
 int nb_dealloc_pd(struct ibv_pd* pd);

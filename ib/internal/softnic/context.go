@@ -8,13 +8,14 @@ import (
 
 // context is an open device (ibv_context).
 type context struct {
-	dev    *Device
-	events chan verbs.AsyncEvent
-	closed chan struct{}
-	cqs    map[uint64]*cq
-	pds    map[*pd]struct{}
-	dmabuf bool
-	done   bool
+	dev       *Device
+	events    chan verbs.AsyncEvent
+	closed    chan struct{}
+	cqs       map[uint64]*cq
+	pds       map[*pd]struct{}
+	dmabuf    bool
+	portSpeed bool // the library has ibv_query_port_speed
+	done      bool
 }
 
 func (c *context) Name() string { return c.dev.cfg.Name }
@@ -62,6 +63,24 @@ func (c *context) QueryPort(port int) (verbs.PortAttr, error) {
 		return verbs.PortAttr{}, fmt.Errorf("softnic: %s has no port %d: %w", c.dev.cfg.Name, port, verbs.EINVAL)
 	}
 	return c.dev.ports[port-1].attr, nil
+}
+
+func (c *context) QueryPortSpeed(port int) (int64, error) {
+	f := c.dev.fabric
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := c.aliveLocked("ibv_query_port_speed"); err != nil {
+		return 0, err
+	}
+	switch {
+	case !c.portSpeed:
+		return 0, fmt.Errorf("softnic: no ibv_query_port_speed in this library: %w", verbs.EOPNOTSUPP)
+	case port < 1 || port > len(c.dev.ports):
+		return 0, fmt.Errorf("softnic: %s has no port %d: %w", c.dev.cfg.Name, port, verbs.EINVAL)
+	case c.dev.cfg.PortSpeedErr != nil:
+		return 0, fmt.Errorf("ibv_query_port_speed: %w", c.dev.cfg.PortSpeedErr)
+	}
+	return c.dev.cfg.EffectiveSpeed, nil
 }
 
 func (c *context) QueryGID(port, index int) (verbs.GID, error) {

@@ -73,6 +73,13 @@ type DeviceConfig struct {
 	// GRHRequired sets IBV_QPF_GRH_REQUIRED on an IB port: RTR without a
 	// GRH fails with EINVAL, as the kernel's rdma_check_ah_attr does.
 	GRHRequired bool
+	// EffectiveSpeed is what ibv_query_port_speed reports, in Mbps (mlx5
+	// gives a LAG or multi-port e-switch function the sum of its member
+	// links) [0, as for a port that is down]; PortSpeedErr makes it fail
+	// instead (verbs.EPROTONOSUPPORT: a kernel without the verb). Both
+	// need Features.PortSpeed, without which it fails with EOPNOTSUPP.
+	EffectiveSpeed int64
+	PortSpeedErr   error
 }
 
 // Device is one software HCA.
@@ -539,7 +546,7 @@ func (p *Provider) Open(name string) (verbs.Context, error) {
 	if d == nil {
 		return nil, fmt.Errorf("softnic: no device %q: %w", name, verbs.ENOENT)
 	}
-	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, pds: map[*pd]struct{}{}, dmabuf: p.feat.DMABuf}
+	c := &context{dev: d, events: make(chan verbs.AsyncEvent, 64), closed: make(chan struct{}), cqs: map[uint64]*cq{}, pds: map[*pd]struct{}{}, dmabuf: p.feat.DMABuf, portSpeed: p.feat.PortSpeed}
 	d.ctxs[c] = struct{}{}
 	return c, nil
 }
