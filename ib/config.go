@@ -41,17 +41,21 @@ var (
 	envQPs          = env.Int("NCCL_IB_QPS_PER_CONNECTION", 1, "queue pairs per connection and device").Clamp(1, maxQPs)
 	envSplitData    = env.Int("NCCL_IB_SPLIT_DATA_ON_QPS", 0, "1 spreads each message over every QP instead of one QP per message; any other value does not")
 	envPKey         = env.Int("NCCL_IB_PKEY", 0, "partition key index")
-	envAckTimeout   = env.Int("NCCL_IB_TIMEOUT", 20, "InfiniBand local ACK timeout exponent (4.096 us * 2^n)")
-	envRetryCnt     = env.Int("NCCL_IB_RETRY_CNT", 7, "InfiniBand transport retry count")
-	envTC           = env.Int("NCCL_IB_TC", -1, "traffic class; -1 takes the communicator's").ShowDefault("-1 (the communicator's)")
-	envSL           = env.Int("NCCL_IB_SL", -1, "service level; -1 takes the communicator's traffic class").ShowDefault("-1 (the communicator's)")
-	envFIFOTC       = env.Int("NCCL_IB_FIFO_TC", -1, "traffic class of the clear-to-send writes; -1 takes the data's").ShowDefault("-1 (the data's)")
-	envECE          = env.Bool("NCCL_IB_ECE_ENABLE", true, "negotiate enhanced connection establishment where the NIC supports it")
-	envInline       = env.Bool("NCCL_IB_USE_INLINE", false, "send small clear-to-send entries inline")
-	envAsync        = env.Bool("NCCL_IB_RETURN_ASYNC_EVENTS", true, "fail the comms of a device that reports a fatal async event")
-	envQuerySpeed   = env.Bool("NCCL_IB_QUERY_PORT_SPEED", true, "report a port's effective bandwidth from ibv_query_port_speed where libibverbs and the kernel have it (a LAG: the sum of its links); 0: always lane rate × width")
-	envForceFlush   = env.Bool("NCCL_GO_IB_FORCE_FLUSH", false, "flush host-memory receives too (testing)")
-	envNoFlush      = env.Bool("NCCL_GDR_FLUSH_DISABLE", false, "skip the GPUDirect flush READ")
+	// The QP's timeout field has 5 bits and retry_cnt 3; NCCL passes any
+	// value to ibv_modify_qp, where mlx5 keeps the low bits (NCCL_IB_TIMEOUT=40
+	// would be 8: about 1 ms instead of a longer wait) and other providers
+	// take or refuse it whole.
+	envAckTimeout = env.Int("NCCL_IB_TIMEOUT", 20, "InfiniBand local ACK timeout exponent (4.096 us * 2^n; 0: none)").In(0, 31)
+	envRetryCnt   = env.Int("NCCL_IB_RETRY_CNT", 7, "InfiniBand transport retry count").In(0, 7)
+	envTC         = env.Int("NCCL_IB_TC", -1, "traffic class; -1 takes the communicator's").ShowDefault("-1 (the communicator's)")
+	envSL         = env.Int("NCCL_IB_SL", -1, "service level; -1 takes the communicator's traffic class").ShowDefault("-1 (the communicator's)")
+	envFIFOTC     = env.Int("NCCL_IB_FIFO_TC", -1, "traffic class of the clear-to-send writes; -1 takes the data's").ShowDefault("-1 (the data's)")
+	envECE        = env.Bool("NCCL_IB_ECE_ENABLE", true, "negotiate enhanced connection establishment where the NIC supports it")
+	envInline     = env.Bool("NCCL_IB_USE_INLINE", false, "send small clear-to-send entries inline")
+	envAsync      = env.Bool("NCCL_IB_RETURN_ASYNC_EVENTS", true, "fail the comms of a device that reports a fatal async event")
+	envQuerySpeed = env.Bool("NCCL_IB_QUERY_PORT_SPEED", true, "report a port's effective bandwidth from ibv_query_port_speed where libibverbs and the kernel have it (a LAG: the sum of its links); 0: always lane rate × width")
+	envForceFlush = env.Bool("NCCL_GO_IB_FORCE_FLUSH", false, "flush host-memory receives too (testing)")
+	envNoFlush    = env.Bool("NCCL_GDR_FLUSH_DISABLE", false, "skip the GPUDirect flush READ")
 	// NCCL's wrap_ibv_modify_qp: a transition that fails with ETIMEDOUT (on
 	// RoCE, RTR while the peer's address has no ARP answer yet) is tried
 	// again after RETRY_SLEEP_MSEC × the attempt number.

@@ -60,6 +60,11 @@ func TestConfigRangesWarn(t *testing.T) {
 		{[]string{"NCCL_IB_PCI_RELAXED_ORDERING", "1"}, func(c config) int { return b2i(c.relaxedOrder) }, 1, ""},
 		{[]string{"NCCL_IB_ADAPTIVE_ROUTING", "3"}, func(c config) int { return c.adaptive }, 1, ""}, // NCCL: any value but 0 and -2 is on
 		{[]string{"NCCL_IB_TIMEOUT", "twenty"}, func(c config) int { return c.ackTimeout }, 20, "NET/GoIB : ignoring NCCL_IB_TIMEOUT=twenty"},
+		{[]string{"NCCL_IB_TIMEOUT", "40"}, func(c config) int { return c.ackTimeout }, 20, "NET/GoIB : ignoring NCCL_IB_TIMEOUT=40: must be in [0, 31]; using 20"},
+		{[]string{"NCCL_IB_TIMEOUT", "-1"}, func(c config) int { return c.ackTimeout }, 20, "must be in [0, 31]"},
+		{[]string{"NCCL_IB_TIMEOUT", "31"}, func(c config) int { return c.ackTimeout }, 31, ""},
+		{[]string{"NCCL_IB_RETRY_CNT", "10"}, func(c config) int { return c.retryCnt }, 7, "NET/GoIB : ignoring NCCL_IB_RETRY_CNT=10: must be in [0, 7]; using 7"},
+		{[]string{"NCCL_IB_RETRY_CNT", "0"}, func(c config) int { return c.retryCnt }, 0, ""},
 		{[]string{"NCCL_SOCKET_RETRY_CNT", "5"}, func(c config) int { return c.dialRetry }, 5, ""},
 	} {
 		setEnv(t, tc.env...)
