@@ -317,7 +317,7 @@ func (c *commCore) connectQPs(rm *connMeta, qs qos) error {
 		}
 		rts := verbs.RTSAttr{Timeout: c.cfg.ackTimeout, RetryCnt: c.cfg.retryCnt, RNRRetry: 7, MaxRdAtom: 1}
 		if err := c.modifyQP("ibv_modify_qp(RTS) on "+d.device.String(), func() error { return q.qp.ModifyToRTS(rts) }); err != nil {
-			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w; check NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d", d.device, err, c.cfg.ackTimeout, c.cfg.retryCnt)
+			return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_modify_qp(RTS) on %s: %w (with NCCL_IB_TIMEOUT=%d NCCL_IB_RETRY_CNT=%d)", d.device, err, c.cfg.ackTimeout, c.cfg.retryCnt)
 		}
 	}
 	return nil

@@ -70,6 +70,7 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 	}
 	filter, spec := readHCAFilter(nccl.DiscardLogger{})
 	gcfg := readGIDConfig(nccl.DiscardLogger{})
+	querySpeed := envQuerySpeed.Get(nccl.DiscardLogger{}) && p.Features().PortSpeed
 	var out []diag.Port
 	for _, name := range names {
 		ctx, err := p.Open(name)
@@ -93,12 +94,11 @@ func (t *Transport) verbsPorts(p verbs.Provider, used []*device, initErr error) 
 				continue
 			}
 			pt := diag.Port{Device: name, Port: port, State: pa.State.String(), LinkLayer: pa.LinkLayer.String(),
-				SpeedMbps: portSpeed(pa), MTU: pa.ActiveMTU.Bytes(), PCIPath: pci}
+				SpeedMbps: effectiveSpeed(nccl.DiscardLogger{}, ctx, querySpeed, name, port, pa), MTU: pa.ActiveMTU.Bytes(), PCIPath: pci}
 			gidIdx, gid := -1, verbs.GID{}
 			for _, u := range used {
 				if u.name == name && u.port == port {
 					pt.Used, pt.DeviceIndex, pt.PCIPath = true, intp(u.index), u.pciPath
-					pt.SpeedMbps = u.speed // what NCCL is told (NCCL_IB_QUERY_PORT_SPEED)
 					gidIdx, gid = u.gidIndex, u.gid
 				}
 			}

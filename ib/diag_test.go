@@ -16,10 +16,15 @@ import (
 
 func diagnoseFabric(t *testing.T, f *softnic.Fabric) diag.Transport {
 	t.Helper()
+	return diagnoseFabricWith(t, f, verbs.Features{})
+}
+
+func diagnoseFabricWith(t *testing.T, f *softnic.Fabric, feat verbs.Features) diag.Transport {
+	t.Helper()
 	root := t.TempDir()
 	require.NoError(t, f.WriteSysfs(root))
 	r := diag.Diagnose([]nccl.Registration{{Name: "ib", Priority: 10, New: func() nccl.Transport {
-		return NewWithOptions(Options{Provider: f.Provider(verbs.Features{}), SysfsRoot: root})
+		return NewWithOptions(Options{Provider: f.Provider(feat), SysfsRoot: root})
 	}}}, diag.Options{SysfsRoot: root})
 	require.Len(t, r.Transports, 1)
 	return r.Transports[0]
@@ -121,4 +126,23 @@ func TestExplainDisabledListsSysfsPorts(t *testing.T) {
 		PCIPath: "/sys/devices/pci0000:00/0000:00:03.0/0000:03:00.0",
 		Why:     "no usable device: NCCL_IB_DISABLE=1 (port seen in sysfs only)"}, d.Ports[0])
 	assert.Equal(t, "RoCE", d.Ports[1].LinkLayer)
+}
+
+// TestExplainShowsTheReportedSpeed: every port, used or not, shows the speed
+// the transport reports to NCCL: on a LAG function, what
+// ibv_query_port_speed answers, not one link's lane rate × width.
+func TestExplainShowsTheReportedSpeed(t *testing.T) {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_bond_0", Ports: 2, EffectiveSpeed: 200000})
+	setEnv(t, "NCCL_IB_HCA", "^mlx5_bond_0:2")
+	d := diagnoseFabricWith(t, f, verbs.Features{PortSpeed: true})
+	require.True(t, d.Usable, d.Reason)
+	assert.True(t, portByName(d.Ports, "mlx5_bond_0", 1).Used)
+	assert.Equal(t, 200000, portByName(d.Ports, "mlx5_bond_0", 1).SpeedMbps)
+	assert.Equal(t, 200000, portByName(d.Ports, "mlx5_bond_0", 2).SpeedMbps, "an excluded port")
+
+	setEnv(t, "NCCL_IB_HCA", "^mlx5_bond_0:2", "NCCL_IB_QUERY_PORT_SPEED", "0")
+	d = diagnoseFabricWith(t, f, verbs.Features{PortSpeed: true})
+	assert.Equal(t, 100000, portByName(d.Ports, "mlx5_bond_0", 1).SpeedMbps)
+	assert.Equal(t, 100000, portByName(d.Ports, "mlx5_bond_0", 2).SpeedMbps)
 }

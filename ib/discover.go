@@ -121,7 +121,7 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca
 			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d has link layer %v; skipped", name, port, pa.LinkLayer)
 			continue
 		}
-		d := &device{hca: h, name: name, port: port, attr: pa, speed: t.effectiveSpeed(ctx, name, port, pa), ar: pa.LinkLayer == verbs.LinkInfiniBand}
+		d := &device{hca: h, name: name, port: port, attr: pa, speed: effectiveSpeed(t.log, ctx, t.cfg.querySpeed && t.feats.PortSpeed, name, port, pa), ar: pa.LinkLayer == verbs.LinkInfiniBand}
 		if t.cfg.adaptive != arAuto {
 			d.ar = t.cfg.adaptive == 1
 		}
@@ -227,29 +227,29 @@ func firstBit(v uint8, n int) int {
 }
 
 // effectiveSpeed is the speed, in Mbps, that a port reports to NCCL. With
-// NCCL_IB_QUERY_PORT_SPEED (on by default) and a libibverbs that has
-// ibv_query_port_speed, it is what the provider answers, as in NCCL 2.30: on
+// query (NCCL_IB_QUERY_PORT_SPEED, on by default, and a libibverbs that has
+// ibv_query_port_speed), it is what the provider answers, as in NCCL 2.30: on
 // a LAG or multi-port e-switch function, the sum of the member links, which
 // lane rate × width cannot express and NCCL's topology search would
 // otherwise undercount. Otherwise, and when the call fails or answers 0, it
 // is lane rate × width. A kernel without the verb fails it on every port
 // (EOPNOTSUPP, or EPROTONOSUPPORT from the ioctl); NCCL WARNs each time,
 // which users learned to ignore, so here that is an INFO.
-func (t *Transport) effectiveSpeed(ctx verbs.Context, name string, port int, pa verbs.PortAttr) int {
+func effectiveSpeed(log nccl.Logger, ctx verbs.Context, query bool, name string, port int, pa verbs.PortAttr) int {
 	lanes := portSpeed(pa)
-	if !t.cfg.querySpeed || !t.feats.PortSpeed {
+	if !query {
 		return lanes
 	}
 	mbps, err := ctx.QueryPortSpeed(port)
 	switch {
 	case err != nil:
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d: %v; reporting lane rate × width (%d Mbps)", name, port, err, lanes)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d: %v; reporting lane rate × width (%d Mbps)", name, port, err, lanes)
 		return lanes
 	case mbps <= 0 || mbps > math.MaxInt32:
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d: ibv_query_port_speed answered %d Mbps; reporting lane rate × width (%d Mbps)", name, port, mbps, lanes)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d: ibv_query_port_speed answered %d Mbps; reporting lane rate × width (%d Mbps)", name, port, mbps, lanes)
 		return lanes
 	case int(mbps) != lanes:
-		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d: effective speed %d Mbps (ibv_query_port_speed), lane rate × width %d Mbps", name, port, mbps, lanes)
+		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d: effective speed %d Mbps (ibv_query_port_speed), lane rate × width %d Mbps", name, port, mbps, lanes)
 	}
 	return int(mbps)
 }

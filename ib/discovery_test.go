@@ -395,6 +395,8 @@ func TestPortSpeedFromQueryPortSpeed(t *testing.T) {
 		{"no verb", nil, verbs.Features{}, softnic.DeviceConfig{EffectiveSpeed: lag}, lanes, "has no ibv_query_port_speed"},
 		{"kernel without it", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{PortSpeedErr: verbs.EPROTONOSUPPORT}, lanes, "ibv_query_port_speed: errno 93 (EPROTONOSUPPORT); reporting lane rate × width (100000 Mbps)"},
 		{"zero", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{}, lanes, "ibv_query_port_speed answered 0 Mbps"},
+		{"too large", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{EffectiveSpeed: 1 << 40}, lanes, "ibv_query_port_speed answered 1099511627776 Mbps"},
+		{"same as the lanes", nil, verbs.Features{PortSpeed: true}, softnic.DeviceConfig{EffectiveSpeed: lanes}, lanes, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			setEnv(t, c.env...)
@@ -408,6 +410,7 @@ func TestPortSpeedFromQueryPortSpeed(t *testing.T) {
 			if c.info != "" {
 				assert.True(t, h.log.has(c.info), "no INFO %q in:\n%s", c.info, h.log.String())
 			}
+			assert.Equal(t, c.want != lanes, h.log.has("effective speed"), "an INFO about the effective speed only when it differs:\n%s", h.log.String())
 			assert.False(t, h.log.has("WARN"), h.log.String())
 		})
 	}

@@ -11,6 +11,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"syscall"
@@ -179,6 +180,9 @@ func (c *context) QueryPortSpeed(port int) (int64, error) {
 	var s C.uint64_t
 	if r := C.nb_query_port_speed(c.ctx, C.int(port), &s); r != 0 {
 		return 0, errnoErr("ibv_query_port_speed", r)
+	}
+	if uint64(s) > math.MaxInt64/100 {
+		return 0, errnoErr("ibv_query_port_speed", C.ERANGE)
 	}
 	return int64(s) * 100, nil
 }
