@@ -365,15 +365,35 @@ func (c *memConn) deregMr(mh nccl.MemHandle) error {
 	if c.t.lateWriteDereg {
 		// A "DMA" into the registration lands after DeregMr returned,
 		// from an engine that runs by itself (as the socket transport's
-		// helpers do), while NCCL calls nothing any more.
+		// helpers do), while NCCL calls nothing any more. It lands once
+		// the memory's next owner (the suite, which fills it with its
+		// sentinel) has written it: a write before that is overwritten by
+		// the owner and goes unseen, as a 1 ms timer's did whenever a
+		// loaded machine delayed the suite's fill past it. It looks and
+		// writes under c.mu, which close takes to mark the comm closed,
+		// and gives up once it is: the suite frees the memory after the
+		// close, and must not do so under a write.
 		ptr := c.t.regPtrs[mh]
 		delete(c.t.regPtrs, mh)
-		time.AfterFunc(time.Millisecond, func() {
-			p := nccl.HostBytes(ptr, int(r[1]-r[0]))
-			for j := range p {
-				p[j] = 0x5A
+		p := nccl.HostBytes(ptr, int(r[1]-r[0]))
+		go func() {
+			for {
+				c.mu.Lock()
+				if c.closed.Load() != 0 {
+					c.mu.Unlock()
+					return
+				}
+				if checkSentinel(p, 0) == nil {
+					for j := range p {
+						p[j] = 0x5A
+					}
+					c.mu.Unlock()
+					return
+				}
+				c.mu.Unlock()
+				time.Sleep(time.Millisecond)
 			}
-		})
+		}()
 	}
 	return nil
 }
@@ -433,7 +453,9 @@ func (c *memConn) close() error {
 		c.t.pendingLate = append(c.t.pendingLate, late...)
 		c.t.mu.Unlock()
 	}
+	c.mu.Lock() // lateWriteDereg's engine writes only while it is not closed
 	c.closed.Store(1)
+	c.mu.Unlock()
 	return nil
 }
 
