@@ -26,6 +26,21 @@ func (c *fakeClock) now() int64 { return c.ns }
 
 func (c *fakeClock) advance(d time.Duration) { c.ns += int64(d) }
 
+// yieldClock is a paceTable on a fakeClock that records when each yield came.
+type yieldClock struct {
+	fakeClock
+	table paceTable
+	at    []int64
+}
+
+func newYieldClock() *yieldClock {
+	c := &yieldClock{}
+	c.table = paceTable{now: c.now}
+	return c
+}
+
+func (c *yieldClock) yield() int { c.at = append(c.at, c.ns); return 0 }
+
 // pollSched calls refreshSched for d, each call lasting at least cost, and
 // returns the calls made, the time they took and the refresh periods in it.
 func pollSched(d, cost time.Duration) (calls int, elapsed time.Duration, periods int64) {
@@ -86,17 +101,14 @@ func TestRefreshSchedKeepsThePeriodWhenCallsAreSlow(t *testing.T) {
 		call = 200 * time.Microsecond
 		d    = 300 * time.Millisecond
 	)
-	var c fakeClock
-	table := paceTable{now: c.now}
-	var at []int64 // when each yield came
-	yield := func() int { at = append(at, c.ns); return 0 }
+	c := newYieldClock()
 	for c.ns < int64(d) {
 		c.advance(call)
-		table.refresh(0, yield)
+		c.table.refresh(0, c.yield)
 	}
 	// The count shrinks until the clock is read at most about
 	// schedCheckGap apart: a yield comes at most that late.
-	checkYieldGaps(t, at, c.ns, schedRefresh, schedRefresh+schedCheckGap)
+	checkYieldGaps(t, c.at, c.ns, schedRefresh, schedRefresh+schedCheckGap)
 }
 
 func TestPaceEvery(t *testing.T) {
@@ -191,24 +203,21 @@ func TestRefreshSchedReadsTheClockAfterEveryPost(t *testing.T) {
 		post = time.Millisecond      // a post doing the NIC's work
 		d    = 300 * time.Millisecond
 	)
-	var c fakeClock
-	table := paceTable{now: c.now}
-	var at []int64 // when each yield came
-	yield := func() int { at = append(at, c.ns); return 0 }
+	c := newYieldClock()
 	for c.ns < int64(d) {
 		for end := c.ns + int64(4*time.Millisecond); c.ns < end; {
 			c.advance(test)
-			table.refresh(0, yield)
+			c.table.refresh(0, c.yield)
 		}
 		for range 20 {
 			c.advance(post)
-			table.refreshNow(0, yield)
+			c.table.refreshNow(0, c.yield)
 			c.advance(test)
-			table.refresh(0, yield)
+			c.table.refresh(0, c.yield)
 		}
 	}
-	if len(at) < 3 {
-		t.Fatalf("%d yields in %v", len(at), time.Duration(c.ns))
+	if len(c.at) < 3 {
+		t.Fatalf("%d yields in %v", len(c.at), time.Duration(c.ns))
 	}
 	// A yield never comes before the period is over, and comes by the
 	// first clock read after it: one post late at most, since a post reads
@@ -218,7 +227,7 @@ func TestRefreshSchedReadsTheClockAfterEveryPost(t *testing.T) {
 	if schedRefresh+int64(post) >= schedPreempt {
 		t.Fatalf("schedRefresh %v plus a post of %v reaches sysmon's %v", schedRefresh*time.Nanosecond, post, schedPreempt*time.Nanosecond)
 	}
-	checkYieldGaps(t, at, c.ns, schedRefresh, schedRefresh+int64(post))
+	checkYieldGaps(t, c.at, c.ns, schedRefresh, schedRefresh+int64(post))
 }
 
 // A post that ends 10 ms or more after the period began ends after sysmon

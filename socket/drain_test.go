@@ -36,16 +36,7 @@ func TestClosedSenderKeepsUnsentBytes(t *testing.T) {
 			c.env[envSndBuf], c.env[envRcvBuf], c.env[envTimeout] = "4194304", "131072", "1"
 			withEnv(t, c.env)
 			tr := initLoopback(t, &captureLog{})
-			s, r := pair(t, tr)
-			const size = 2 << 20
-			src, dst := make([]byte, size), make([]byte, size)
-			pattern(src, 5)
-			rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: size, Tag: 1}})
-			require.NoError(t, err)
-			sq, err := s.Isend(bufPtr(src), size, 1, 0)
-			require.NoError(t, err)
-			waitSent(t, s, sq)
-			require.NoError(t, s.Close())
+			m := closeWithUnsent(t, tr, 5)
 
 			unacked, orphans := unackedSockets(t)
 			require.NotZero(t, unacked, "the receiver has not read: 2 MiB cannot all have been sent")
@@ -64,20 +55,7 @@ func TestClosedSenderKeepsUnsentBytes(t *testing.T) {
 			assert.NotZero(t, tr.drain.kept(), "the streams of a closed sender whose receiver's host answers were dropped")
 
 			// The receiver reads now, and gets every byte.
-			for deadline := time.Now().Add(10 * time.Second); ; pace() {
-				done, err := r.Test(rq, nil)
-				require.NoError(t, err)
-				if done {
-					break
-				}
-				require.True(t, time.Now().Before(deadline), "the receive did not complete")
-			}
-			require.Equal(t, src, dst)
-			for deadline := time.Now().Add(5 * time.Second); tr.drain.kept() > 0; time.Sleep(10 * time.Millisecond) {
-				require.True(t, time.Now().Before(deadline), "%d drained streams still open", tr.drain.kept())
-			}
-			runtime.KeepAlive(src)
-			runtime.KeepAlive(dst)
+			m.receiveAll(t, tr)
 		})
 	}
 }
@@ -263,4 +241,52 @@ func sendUnread(t *testing.T, tr *Transport) (*sendComm, *recvComm) {
 	waitSent(t, s, sq)
 	runtime.KeepAlive(src)
 	return s, r
+}
+
+// unsentMessage is a 2 MiB message whose sender closed with most of it
+// unsent, and its receive, posted but not yet tested.
+type unsentMessage struct {
+	r        *recvComm
+	rq       nccl.Request
+	src, dst []byte
+}
+
+// closeWithUnsent connects a pair, posts a 2 MiB receive, sends 2 MiB (the
+// pattern of seed) until all of it is in the sender's kernel and closes the
+// sender. With the receive buffer at 128 KiB and the receiver not testing,
+// most of the message is unsent.
+func closeWithUnsent(t *testing.T, tr *Transport, seed int) *unsentMessage {
+	t.Helper()
+	s, r := pair(t, tr)
+	const size = 2 << 20
+	m := &unsentMessage{r: r, src: make([]byte, size), dst: make([]byte, size)}
+	pattern(m.src, seed)
+	var err error
+	m.rq, err = r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(m.dst), Size: size, Tag: 1}})
+	require.NoError(t, err)
+	sq, err := s.Isend(bufPtr(m.src), size, 1, 0)
+	require.NoError(t, err)
+	waitSent(t, s, sq)
+	require.NoError(t, s.Close())
+	return m
+}
+
+// receiveAll tests the receive until it completes, checks every byte, and
+// waits for the drained streams to close.
+func (m *unsentMessage) receiveAll(t *testing.T, tr *Transport) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; pace() {
+		done, err := m.r.Test(m.rq, nil)
+		require.NoError(t, err)
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the receive did not complete")
+	}
+	require.Equal(t, m.src, m.dst)
+	for deadline := time.Now().Add(5 * time.Second); tr.drain.kept() > 0; time.Sleep(10 * time.Millisecond) {
+		require.True(t, time.Now().Before(deadline), "%d drained streams still open", tr.drain.kept())
+	}
+	runtime.KeepAlive(m.src)
+	runtime.KeepAlive(m.dst)
 }
