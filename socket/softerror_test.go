@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
 // TestClosedSenderKeepsStreamThroughSoftError: while a closed sender's
@@ -241,4 +243,72 @@ func snmpCounter(t *testing.T, file, group, name string) uint64 {
 	require.NoError(t, sc.Err())
 	t.Fatalf("no %s %s in /proc/net/%s", group, name, file)
 	return 0
+}
+
+// TestOpenCommSurvivesSoftError: the same flap on a connection still open.
+// The control stream holds unsent bytes of a message the receiver has not
+// read, and a second message waits behind them; the ICMP comes, then 2.5 s
+// without a link, during which both ends go on testing. A soft error is not
+// a dead peer: neither end fails, and both messages arrive once the link is
+// back.
+func TestOpenCommSurvivesSoftError(t *testing.T) {
+	enterPrivateNetns(t)
+	acks := startAckCapture(t)
+	withEnv(t, map[string]string{envNThreads: "0", envSndBuf: "1048576", envRcvBuf: "131072", envTimeout: "10"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+	s, r := pair(t, tr)
+	const size = 2 << 20
+	var src, dst [2][]byte
+	var rq [2]nccl.Request
+	for i := range src {
+		src[i], dst[i] = make([]byte, size), make([]byte, size)
+		pattern(src[i], 11+i)
+	}
+	var err error
+	rq[0], err = r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[0]), Size: size, Tag: 1}})
+	require.NoError(t, err)
+	sq, err := s.Isend(bufPtr(src[0]), size, 1, 0)
+	require.NoError(t, err)
+	waitSent(t, s, sq)
+	sq, err = s.Isend(bufPtr(src[1]), size, 1, 0)
+	require.NoError(t, err)
+
+	time.Sleep(500 * time.Millisecond)
+	local, peer := inet4Names(t, s.ctrl)
+	una, ok := acks.lastAck(peer.Port, local.Port)
+	require.True(t, ok, "no ACK from the receiver (port %d) to the sender (port %d) was captured", peer.Port, local.Port)
+	inDestUnreach, outOfWindow := snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps")
+	sendUnreachable(t, local, peer, una)
+	setLoopback(t, false)
+	require.Greater(t, snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), inDestUnreach, "the kernel did not receive the ICMP")
+	require.Equal(t, outOfWindow, snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps"), "TCP ignored the ICMP as out of window")
+
+	// Through the flap and after it, until both messages are in.
+	sdone, rdone, posted := false, [2]bool{}, [2]bool{true, false}
+	up := time.Now().Add(2500 * time.Millisecond)
+	for deadline := up.Add(10 * time.Second); !sdone || !rdone[0] || !rdone[1]; pace() {
+		require.True(t, time.Now().Before(deadline), "the messages did not arrive after the link came back")
+		if up != (time.Time{}) && time.Now().After(up) {
+			require.False(t, rdone[0], "the first message arrived with the link down")
+			require.False(t, sdone, "the second message was sent with the link down: the sender's test was not exercised")
+			setLoopback(t, true)
+			up = time.Time{}
+			rq[1], err = r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst[1]), Size: size, Tag: 1}})
+			require.NoError(t, err)
+			posted[1] = true
+		}
+		if !sdone {
+			sdone, _, err = s.Test(sq)
+			require.NoError(t, err, "the sender failed on the soft error of a link flap")
+		}
+		for i := range rq {
+			if !rdone[i] && posted[i] {
+				rdone[i], err = r.Test(rq[i], nil)
+				require.NoError(t, err, "the receiver failed during a link flap")
+			}
+		}
+	}
+	assert.Equal(t, src, dst)
+	assert.NotContains(t, log.String(), "WARN")
 }
