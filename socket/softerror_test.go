@@ -36,6 +36,7 @@ import (
 func TestClosedSenderKeepsStreamThroughSoftError(t *testing.T) {
 	enterPrivateNetns(t)
 	acks := startAckCapture(t)
+	// NCCL_GO_TIMEOUT (10 s) outlasts the 2.5 s flap.
 	withEnv(t, map[string]string{envNThreads: "0", envSndBuf: "4194304", envRcvBuf: "131072", envTimeout: "10"})
 	tr := initLoopback(t, &captureLog{})
 	m := closeWithUnsent(t, tr, 9)
@@ -48,23 +49,7 @@ func TestClosedSenderKeepsStreamThroughSoftError(t *testing.T) {
 	require.Len(t, tr.drain.groups, 1, "the closed sender's streams are no longer kept")
 	fd := tr.drain.groups[0].fds[0]
 	tr.drain.mu.Unlock()
-	local, peer := inet4Names(t, fd)
-	una, ok := acks.lastAck(peer.Port, local.Port)
-	require.True(t, ok, "no ACK from the receiver (port %d) to the sender (port %d) was captured", peer.Port, local.Port)
-
-	inDestUnreach, outOfWindow := snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps")
-	// The ICMP, then the link down at once: the receiver's next answer to
-	// a window probe would clear the soft error, as it does after a real
-	// flap. (One arriving in the microseconds between the two would too;
-	// the probes are hundreds of milliseconds apart by now.) NCCL_GO_TIMEOUT
-	// (10 s) outlasts the flap. The kernel handles the ICMP before sendto
-	// returns. The counters are read on this goroutine: its thread is the
-	// one in the namespace.
-	sendUnreachable(t, local, peer, una)
-	setLoopback(t, false)
-	require.Greater(t, snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), inDestUnreach, "the kernel did not receive the ICMP")
-	require.Equal(t, outOfWindow, snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps"),
-		"TCP ignored the ICMP as out of window: the quoted sequence number %d is not the sender's oldest unacknowledged", una)
+	flapWithSoftError(t, acks, fd)
 
 	// Past two of the sweeper's 1 s looks: the stream is still kept, and
 	// its soft error still pending (nothing read or cleared it).
@@ -89,6 +74,28 @@ func TestClosedSenderKeepsStreamThroughSoftError(t *testing.T) {
 	// The link is back; the receiver reads now, and gets every byte.
 	setLoopback(t, true)
 	m.receiveAll(t, tr)
+}
+
+// flapWithSoftError starts a link flap that leaves the sender's stream fd a
+// soft error: an ICMP "unreachable" quoting its oldest unacknowledged byte
+// (the receiver's last ACK, from acks), then the link down at once, as the
+// receiver's next answer to a window probe would clear the soft error, as
+// it does after a real flap. (One arriving in the microseconds between the
+// two would too; the probes are hundreds of milliseconds apart by then.)
+// The kernel handles the ICMP before sendto returns. The counters are read
+// on the calling goroutine, whose thread is the one in the namespace. The
+// caller brings the link back.
+func flapWithSoftError(t *testing.T, acks *ackCapture, fd int) {
+	t.Helper()
+	local, peer := inet4Names(t, fd)
+	una, ok := acks.lastAck(peer.Port, local.Port)
+	require.True(t, ok, "no ACK from the receiver (port %d) to the sender (port %d) was captured", peer.Port, local.Port)
+	inDestUnreach, outOfWindow := snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps")
+	sendUnreachable(t, local, peer, una)
+	setLoopback(t, false)
+	require.Greater(t, snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), inDestUnreach, "the kernel did not receive the ICMP")
+	require.Equal(t, outOfWindow, snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps"),
+		"TCP ignored the ICMP as out of window: the quoted sequence number %d is not the sender's oldest unacknowledged", una)
 }
 
 // ackCapture records, per (source port, destination port), the
@@ -275,14 +282,7 @@ func TestOpenCommSurvivesSoftError(t *testing.T) {
 	require.NoError(t, err)
 
 	time.Sleep(500 * time.Millisecond)
-	local, peer := inet4Names(t, s.ctrl)
-	una, ok := acks.lastAck(peer.Port, local.Port)
-	require.True(t, ok, "no ACK from the receiver (port %d) to the sender (port %d) was captured", peer.Port, local.Port)
-	inDestUnreach, outOfWindow := snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps")
-	sendUnreachable(t, local, peer, una)
-	setLoopback(t, false)
-	require.Greater(t, snmpCounter(t, "snmp", "Icmp", "InDestUnreachs"), inDestUnreach, "the kernel did not receive the ICMP")
-	require.Equal(t, outOfWindow, snmpCounter(t, "netstat", "TcpExt", "OutOfWindowIcmps"), "TCP ignored the ICMP as out of window")
+	flapWithSoftError(t, acks, s.ctrl)
 
 	// Through the flap and after it, until both messages are in.
 	sdone, rdone, posted := false, [2]bool{}, [2]bool{true, false}
