@@ -41,9 +41,9 @@ func newYieldClock() *yieldClock {
 
 func (c *yieldClock) yield() int { c.at = append(c.at, c.ns); return 0 }
 
-// pollSched calls refreshSched for d, each call lasting at least cost, and
-// returns the calls made, the time they took and the refresh periods in it.
-func pollSched(d, cost time.Duration) (calls int, elapsed time.Duration, periods int64) {
+// pollSched calls refreshSched for d and returns the calls made, the time
+// they took and the refresh periods in it.
+func pollSched(d time.Duration) (calls int, elapsed time.Duration, periods int64) {
 	// Earlier tests leave every P's count at its cap; with slow calls the
 	// first read on each P the goroutine visits would come 256 calls late.
 	for i := range schedPaces.paces {
@@ -54,10 +54,6 @@ func pollSched(d, cost time.Duration) (calls int, elapsed time.Duration, periods
 	for time.Since(start) < d {
 		refreshSched()
 		calls++
-		if cost > 0 {
-			for t0 := time.Now(); time.Since(t0) < cost; {
-			}
-		}
 	}
 	elapsed = time.Since(start)
 	return calls, elapsed, int64(elapsed / (schedRefresh * time.Nanosecond))
@@ -68,7 +64,7 @@ func pollSched(d, cost time.Duration) (calls int, elapsed time.Duration, periods
 // once per call (each yield wakes a thread).
 func TestRefreshSchedYieldsOncePerPeriod(t *testing.T) {
 	yields := countYields(t)
-	calls, elapsed, periods := pollSched(100*time.Millisecond, 0)
+	calls, elapsed, periods := pollSched(100 * time.Millisecond)
 	got := yields.Load()
 	// The loop may run on any of GOMAXPROCS Ps, each paced on its own.
 	most := (periods + 1) * int64(runtime.GOMAXPROCS(0))
