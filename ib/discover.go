@@ -217,7 +217,7 @@ var (
 	ibvWidths = [...]int{1, 4, 8, 12, 2}
 )
 
-func firstBit(v uint8, n int) int {
+func firstBit(v uint32, n int) int {
 	for i := 0; i < n; i++ {
 		if v&(1<<i) != 0 {
 			return i
@@ -254,6 +254,14 @@ func effectiveSpeed(log nccl.Logger, ctx verbs.Context, query bool, name string,
 	return int(mbps)
 }
 
+// portSpeed is lane rate × width. As NCCL's ncclIbInitDevices, a non-zero
+// active_speed_ex wins over active_speed: an XDR port (256) does not fit in
+// the 8-bit field, which the kernel caps at NDR, so reading it alone would
+// report half of a 4x XDR port's 800 Gb/s.
 func portSpeed(pa verbs.PortAttr) int {
-	return ibvSpeeds[firstBit(pa.ActiveSpeed, len(ibvSpeeds))] * ibvWidths[firstBit(pa.ActiveWidth, len(ibvWidths))]
+	speed := uint32(pa.ActiveSpeed)
+	if pa.ActiveSpeedEx != 0 {
+		speed = pa.ActiveSpeedEx
+	}
+	return ibvSpeeds[firstBit(speed, len(ibvSpeeds))] * ibvWidths[firstBit(uint32(pa.ActiveWidth), len(ibvWidths))]
 }

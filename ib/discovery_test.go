@@ -415,3 +415,30 @@ func TestPortSpeedFromQueryPortSpeed(t *testing.T) {
 		})
 	}
 }
+
+// TestPortSpeedXDRFromActiveSpeedEx: an XDR port (ConnectX-8, 200 Gb/s per
+// lane) reports its lane rate in active_speed_ex; the kernel caps the 8-bit
+// active_speed at NDR. NCCL 2.30 (init.cc, ncclIbInitDevices) uses
+// active_speed_ex when it is not 0, so a 4x XDR port is 800 Gb/s; without
+// ibv_query_port_speed (or with the kernel refusing it) lane rate × width
+// must do the same, not report half.
+func TestPortSpeedXDRFromActiveSpeedEx(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		feat verbs.Features
+		dev  softnic.DeviceConfig
+	}{
+		{"no verb", verbs.Features{}, softnic.DeviceConfig{}},
+		{"kernel without it", verbs.Features{PortSpeed: true}, softnic.DeviceConfig{PortSpeedErr: verbs.EOPNOTSUPP}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := softnic.NewFabric()
+			c.dev.Name, c.dev.Speed, c.dev.SpeedEx, c.dev.Width = "mlx5_0", 128, 256, 2
+			f.AddDevice(c.dev)
+			h := newHost(t, f, c.feat)
+			p, err := h.t.Properties(0)
+			require.NoError(t, err)
+			assert.Equal(t, 800000, p.Speed, "4x XDR")
+		})
+	}
+}

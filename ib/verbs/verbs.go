@@ -191,8 +191,13 @@ type PortAttr struct {
 	LMC         uint8
 	ActiveWidth uint8 // IBV_WIDTH bit: 1=1x 2=4x 4=8x 8=12x 16=2x
 	ActiveSpeed uint8 // IBV_SPEED bit: 1=SDR ... 128=NDR
-	LinkLayer   LinkLayer
-	Flags       uint8 // PortGRHRequired
+	// ActiveSpeedEx is ibv_port_attr.active_speed_ex (rdma-core 48+, kernel
+	// 6.7+): the speed bit when it does not fit in ActiveSpeed (256 = XDR,
+	// 200 Gb/s per lane); 0 when the port, library or kernel has none. The
+	// kernel caps ActiveSpeed at NDR for such ports.
+	ActiveSpeedEx uint32
+	LinkLayer     LinkLayer
+	Flags         uint8 // PortGRHRequired
 }
 
 // PortGRHRequired is IBV_QPF_GRH_REQUIRED in PortAttr.Flags: the port takes

@@ -172,7 +172,7 @@ func (c *context) QueryPort(port int) (verbs.PortAttr, error) {
 	}
 	return verbs.PortAttr{State: verbs.PortState(a.state), MaxMTU: verbs.MTU(a.max_mtu), ActiveMTU: verbs.MTU(a.active_mtu),
 		GIDTblLen: int(a.gid_tbl_len), LID: uint16(a.lid), SM_LID: uint16(a.sm_lid), LMC: uint8(a.lmc),
-		ActiveWidth: uint8(a.active_width), ActiveSpeed: uint8(a.active_speed), LinkLayer: verbs.LinkLayer(a.link_layer),
+		ActiveWidth: uint8(a.active_width), ActiveSpeed: uint8(a.active_speed), ActiveSpeedEx: uint32(a.active_speed_ex), LinkLayer: verbs.LinkLayer(a.link_layer),
 		Flags: uint8(a.flags)}, nil
 }
 

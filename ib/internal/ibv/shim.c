@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <arpa/inet.h>
 #include "shim.h"
@@ -168,11 +169,31 @@ int nb_query_device(struct ibv_context* ctx, godevattr* out) {
   return 0;
 }
 
-int nb_query_port(struct ibv_context* ctx, int port, goportattr* out) {
+// portattr_ex is ibv_port_attr as rdma-core 48+ declares it: active_speed_ex
+// follows port_cap_flags2 (Debian 12's headers end at port_cap_flags2).
+struct portattr_ex {
   struct ibv_port_attr a;
-  memset(&a, 0, sizeof(a));
-  int r = rc(p_query_port(ctx, (uint8_t)port, &a));
-  if (r) return r;
+  uint32_t active_speed_ex;
+};
+_Static_assert(offsetof(struct portattr_ex, active_speed_ex) ==
+               offsetof(struct ibv_port_attr, port_cap_flags2) + 4, "active_speed_ex offset");
+
+int nb_query_port(struct ibv_context* ctx, int port, goportattr* out) {
+  // As NCCL's wrap_ibv_query_port: the library's query_port op with the
+  // extended size first, so that an XDR port's active_speed_ex (which the
+  // 8-bit active_speed cannot hold) is read; a library that does not know the
+  // field zeroes it. Without the op, the compat entry point.
+  struct portattr_ex x;
+  memset(&x, 0, sizeof(x));
+  struct verbs_context* vctx = verbs_get_ctx_op(ctx, query_port);
+  int r = vctx ? rc(vctx->query_port(ctx, (uint8_t)port, &x.a, sizeof(x))) : -1;
+  if (r) {
+    memset(&x, 0, sizeof(x));
+    r = rc(p_query_port(ctx, (uint8_t)port, &x.a));
+    if (r) return r;
+  }
+  struct ibv_port_attr a = x.a;
+  out->active_speed_ex = x.active_speed_ex;
   out->state = a.state; out->max_mtu = a.max_mtu; out->active_mtu = a.active_mtu;
   out->gid_tbl_len = a.gid_tbl_len; out->lid = a.lid; out->sm_lid = a.sm_lid; out->lmc = a.lmc;
   out->active_width = a.active_width; out->active_speed = a.active_speed;

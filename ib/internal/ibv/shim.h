@@ -30,6 +30,7 @@ typedef struct {
   int state, max_mtu, active_mtu, gid_tbl_len;
   uint16_t lid, sm_lid;
   uint8_t lmc, active_width, active_speed, link_layer, flags;
+  uint32_t active_speed_ex;
 } goportattr;
 
 typedef struct { int type; uint32_t qp_num; uint64_t cq; int port; } goevent;

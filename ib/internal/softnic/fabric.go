@@ -60,6 +60,7 @@ type DeviceConfig struct {
 	MTU       verbs.MTU       // [5 = 4096]
 	Width     uint8           // [2 = 4x]
 	Speed     uint8           // [32 = EDR, 25 Gb/s per lane]
+	SpeedEx   uint32          // active_speed_ex [0]; an XDR port: Speed 128 (the kernel's cap) and SpeedEx 256
 	MaxQP     int             // [131072]
 	GUID      uint64          // [derived from the device index]
 	GIDs      []GIDEntry      // RoCE GID table [one IPv4 RoCE v2 GID per device]
@@ -142,7 +143,7 @@ func (f *Fabric) AddDevice(cfg DeviceConfig) *Device {
 	d := &Device{fabric: f, cfg: cfg, index: idx, mrs: map[uint32]*mr{}, qps: map[uint32]*qp{}, ctxs: map[*context]struct{}{}}
 	for p := 0; p < cfg.Ports; p++ {
 		ps := portState{attr: verbs.PortAttr{State: cfg.State, MaxMTU: cfg.MTU, ActiveMTU: cfg.MTU,
-			ActiveWidth: cfg.Width, ActiveSpeed: cfg.Speed, LinkLayer: cfg.LinkLayer}}
+			ActiveWidth: cfg.Width, ActiveSpeed: cfg.Speed, ActiveSpeedEx: cfg.SpeedEx, LinkLayer: cfg.LinkLayer}}
 		if cfg.LinkLayer == verbs.LinkEthernet {
 			ps.gids = cfg.GIDs
 			if ps.gids == nil {
