@@ -1,7 +1,6 @@
 package socket
 
 import (
-	"math"
 	"runtime"
 	"strconv"
 	"time"
@@ -45,6 +44,7 @@ const (
 	defaultNSocks     = 1
 	minCPUsForStreams = 8
 	maxStreams        = 64
+	maxThreads        = 16 // NCCL's MAX_THREADS for NCCL_SOCKET_NTHREADS
 	// defaultInline: messages up to this size go inline on the control
 	// stream, handled on NCCL's thread. Above it, the hand-off to stream
 	// goroutines costs less than the single-stream copy.
@@ -112,7 +112,7 @@ var env = ncclenv.NewGroup("socket", logPrefix)
 
 var (
 	nThreads = env.Int(envNThreads, auto,
-		"data streams per connection, times NCCL_NSOCKS_PERTHREAD (capped at 64); 0: everything on the control stream; -2: auto").
+		"data streams per connection, times NCCL_NSOCKS_PERTHREAD (at most 16, and 64 streams, as NCCL); 0: everything on the control stream; -2: auto").
 		ShowDefault("auto (4 with >= 8 CPUs, else 0)")
 	nSocks = env.Int(envNSocks, auto,
 		"data streams per NCCL_SOCKET_NTHREADS; only the product matters; -2: auto (1)").
@@ -193,18 +193,24 @@ func init() {
 	}
 }
 
-// streamCount is NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD, capped at 64.
-// NCCL's "auto" (-2, or unset) picks our measured default; 0 threads means no
-// data streams: every byte goes over the control stream on NCCL's thread.
+// streamCount is NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD with NCCL's
+// caps, so that a value tuned for NCCL's socket transport opens as many
+// streams here: at most 16 "threads", and past 64 streams the per-thread count
+// drops to 64 / threads (12 × 6 is 12 × 5 = 60, as in NCCL). NCCL's "auto"
+// (-2, or unset) picks our measured default; 0 threads means no data streams:
+// every byte goes over the control stream on NCCL's thread.
 func streamCount(log nccl.Logger) int {
 	nt := readAuto(log, nThreads, autoThreads(runtime.NumCPU()))
 	ns := readAuto(log, nSocks, defaultNSocks)
-	n := min(nt, math.MaxInt32) * min(ns, math.MaxInt32) // no overflow
-	if n > maxStreams {
-		log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : %s × %s = %d streams, capped at %d", envNThreads, envNSocks, n, maxStreams)
-		n = maxStreams
+	if nt > maxThreads {
+		log.Warnf("%s : %s=%d is greater than the maximum allowed, using %d", logPrefix, envNThreads, nt, maxThreads)
+		nt = maxThreads
 	}
-	return int(n)
+	if nt > 0 && ns > maxStreams/nt {
+		log.Warnf("%s : %s × %s = %d×%d is more than %d streams; using %s=%d", logPrefix, envNThreads, envNSocks, nt, ns, maxStreams, envNSocks, maxStreams/nt)
+		ns = maxStreams / nt
+	}
+	return int(nt * ns)
 }
 
 // autoThreads is NCCL_SOCKET_NTHREADS's "auto" for a host with ncpu CPUs

@@ -124,6 +124,10 @@ func TestStreamCount(t *testing.T) {
 		{map[string]string{envNThreads: "-5"}, auto},
 		{map[string]string{envNThreads: "3", envNSocks: "-1"}, 3},
 		{map[string]string{envNThreads: "0x7fffffffffffffff", envNSocks: "0x7fffffffffffffff"}, 64},
+		// NCCL's caps: at most 16 threads, then 64 / threads per thread.
+		{map[string]string{envNThreads: "20", envNSocks: "1"}, 16},
+		{map[string]string{envNThreads: "12", envNSocks: "6"}, 60},
+		{map[string]string{envNThreads: "0", envNSocks: "100"}, 0},
 	} {
 		withEnv(t, c.env)
 		assert.Equal(t, c.want, streamCount(log), "%v", c.env)
@@ -131,6 +135,8 @@ func TestStreamCount(t *testing.T) {
 	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_SOCKET_NTHREADS=-5: must be >= 0, or -2 for auto")
 	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_NSOCKS_PERTHREAD=-1: must be >= 0, or -2 for auto; using auto (1)")
 	assert.NotContains(t, log.String(), "=-2", "-2 is auto, not a mistake")
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : NCCL_SOCKET_NTHREADS=20 is greater than the maximum allowed, using 16")
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD = 12×6 is more than 64 streams; using NCCL_NSOCKS_PERTHREAD=5")
 	withEnv(t, map[string]string{envHelpers: "-1"})
 	assert.Equal(t, min(int(autoHelpers(runtime.NumCPU())), 2), helperCount(log, 2))
 	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_GO_SOCKET_HELPERS=-1")
