@@ -143,8 +143,13 @@ func isTerminal(w io.Writer) bool {
 func expandAddr(a string) ([]string, error) {
 	if strings.HasPrefix(a, "http://") || strings.HasPrefix(a, "https://") {
 		u, err := url.Parse(a)
-		if err != nil || u.Host == "" {
+		if err != nil || u.Hostname() == "" {
 			return nil, fmt.Errorf("%q is not a URL", a)
+		}
+		if p := u.Port(); p != "" {
+			if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+				return nil, fmt.Errorf("%q: port %s is outside 1..65535", a, p)
+			}
 		}
 		// The plugin serves /metrics only; a bare http://host:port is 404.
 		if u.Path == "" || u.Path == "/" {
@@ -157,6 +162,19 @@ func expandAddr(a string) ([]string, error) {
 		host, ports = a[:i], a[i+1:]
 		if host == "" {
 			host = "127.0.0.1"
+		}
+		// An IPv6 address takes brackets ([::1]:9400): without them its
+		// last group would be read as the port ("::1" as host ":", port 1).
+		bracketed := len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']'
+		bare := host
+		if bracketed {
+			bare = host[1 : len(host)-1]
+		}
+		if strings.ContainsAny(bare, "[]") || strings.Contains(bare, ":") != bracketed {
+			if !bracketed && strings.Contains(bare, ":") {
+				return nil, fmt.Errorf("%q is not host:port, a port, host:port-port or a URL (an IPv6 address goes in brackets, as in [::1]:9400)", a)
+			}
+			return nil, fmt.Errorf("%q is not host:port, a port, host:port-port or a URL", a)
 		}
 	}
 	lo, hi := ports, ports
