@@ -1,8 +1,11 @@
 package metrics
 
 import (
+	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -96,18 +99,33 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	ch <- prometheus.MustNewConstMetric(c.infoDesc, prometheus.GaugeValue, 1,
-		c.info.PluginVersion, c.info.APIVersion, runtime.Version(), c.info.Transport)
+	// New*, not MustNew*: an invalid value must cost its series (a gather
+	// error, which promhttp and the textfile writer report), never a panic.
+	// Ours would not even be recovered: WrapRegistererWith (nccl_job, and the
+	// textfile's process label) runs Collect in a goroutine of its own, so a
+	// scrape would kill the NCCL application.
+	send := func(m prometheus.Metric, err error, desc *prometheus.Desc) {
+		if err != nil {
+			m = prometheus.NewInvalidMetric(desc, err)
+		}
+		ch <- m
+	}
+	m, err := prometheus.NewConstMetric(c.infoDesc, prometheus.GaugeValue, 1,
+		labelValue(c.info.PluginVersion), labelValue(c.info.APIVersion), runtime.Version(), labelValue(c.info.Transport))
+	send(m, err, c.infoDesc)
 	for _, d := range c.devices() {
 		s := d.Snapshot()
 		port := strconv.Itoa(s.Port)
+		transport, name := labelValue(s.Transport), labelValue(s.Name)
 		counter := func(desc *prometheus.Desc, v uint64, extra ...string) {
-			ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v),
-				append([]string{s.Transport, s.Name, port}, extra...)...)
+			m, err := prometheus.NewConstMetric(desc, prometheus.CounterValue, float64(v),
+				append([]string{transport, name, port}, extra...)...)
+			send(m, err, desc)
 		}
 		gauge := func(desc *prometheus.Desc, v int64, extra ...string) {
-			ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, float64(v),
-				append([]string{s.Transport, s.Name, port}, extra...)...)
+			m, err := prometheus.NewConstMetric(desc, prometheus.GaugeValue, float64(v),
+				append([]string{transport, name, port}, extra...)...)
+			send(m, err, desc)
 		}
 		for dir := Dir(0); dir < numDirs; dir++ {
 			ds := dir.String()
@@ -131,14 +149,38 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 				buckets[ub] = cum
 			}
 			cum += s.LatencyCounts[dir][len(c.latencyBounds)]
-			ch <- prometheus.MustNewConstHistogram(c.latency, cum, s.LatencySumSec[dir], buckets,
-				s.Transport, s.Name, port, ds)
+			m, err := prometheus.NewConstHistogram(c.latency, cum, s.LatencySumSec[dir], buckets,
+				transport, name, port, ds)
+			send(m, err, c.latency)
 		}
 		counter(c.flushes, s.Flushes)
 		counter(c.mrHits, s.MRHits)
 		counter(c.mrMisses, s.MRMisses)
 		gauge(c.mrRegistered, s.MRRegistered)
 	}
+}
+
+// labelValue makes a name usable as a label value: Prometheus requires UTF-8,
+// and an interface name (any byte but '/', ':' and white space) or a vendor's
+// device or transport name need not be. Valid names are kept as they are;
+// each byte of an invalid sequence becomes \xNN, so distinct names stay
+// distinct series.
+func labelValue(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, n := utf8.DecodeRuneInString(s)
+		if r == utf8.RuneError && n <= 1 {
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+			n = 1
+		} else {
+			b.WriteString(s[:n])
+		}
+		s = s[n:]
+	}
+	return b.String()
 }
 
 // newRegistry returns a registry holding only the plugin's collector: the

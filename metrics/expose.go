@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -58,6 +59,7 @@ type exporter struct {
 	reg       *prometheus.Registry
 	info      Info
 	localRank int
+	rankSet   bool   // localRank came from a variable, not the default 0
 	job       string // nccl_job label; "" for none
 
 	server   *http.Server
@@ -118,15 +120,22 @@ func Stop() {
 // LocalRank is this process's rank on its node as the metrics see it:
 // NCCL_GO_METRICS_LOCAL_RANK, else the launcher's variable, else 0.
 func LocalRank(log nccl.Logger) int {
+	r, _ := localRank(log)
+	return r
+}
+
+// localRank is LocalRank; found is false when no variable gave a rank and 0
+// is the default.
+func localRank(log nccl.Logger) (rank int, found bool) {
 	if log == nil {
 		log = nccl.DiscardLogger{}
 	}
 	for _, v := range settingLocalRank {
 		if r, set := envNonNegative(log, v.Name(), fmt.Sprintf("set %s to this process's rank on the node", envLocalRank)); set && r >= 0 {
-			return r
+			return r, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 // Job is the NCCL job this process belongs to, for the nccl_job label:
@@ -271,8 +280,9 @@ func startExporter(log nccl.Logger, info Info) *exporter {
 	if port < 0 && dir == "" {
 		rankLog = nccl.DiscardLogger{} // a launcher's odd LOCAL_RANK is no concern then
 	}
-	rank, job := LocalRank(rankLog), Job(rankLog)
-	e := &exporter{log: log, reg: newRegistry(info, rank, jobLabels(job)), info: info, localRank: rank, job: job}
+	rank, rankSet := localRank(rankLog)
+	job := Job(rankLog)
+	e := &exporter{log: log, reg: newRegistry(info, rank, jobLabels(job)), info: info, localRank: rank, rankSet: rankSet, job: job}
 	if port >= 0 {
 		e.listen(int64(port), settingBind.Get())
 	}
@@ -292,8 +302,19 @@ func (e *exporter) listen(base int64, bind string) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		hint := fmt.Sprintf("set %s to a free base port (the port used is base + local rank)", envPort)
-		if !errors.Is(err, syscall.EADDRINUSE) {
+		switch {
+		case !errors.Is(err, syscall.EADDRINUSE):
 			hint += fmt.Sprintf(" or %s to a local address", envBind)
+		case !e.rankSet:
+			// Every process of the node that finds no local-rank
+			// variable takes rank 0 and so the same port: another base
+			// collides again.
+			names := make([]string, len(settingLocalRank))
+			for i, v := range settingLocalRank {
+				names[i] = v.Name()
+			}
+			hint = fmt.Sprintf("no local-rank variable is set (%s), so every process of this node uses local rank 0: set %s to this process's rank on the node, or %s",
+				strings.Join(names, ", "), envLocalRank, hint)
 		}
 		e.log.Warnf("NET/Go : metrics: cannot listen on %s (%s=%d + local rank %d): %v; %s; continuing without the metrics endpoint",
 			addr, envPort, base, e.localRank, err, hint)
