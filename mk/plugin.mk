@@ -59,7 +59,7 @@ go-test-short: go-vet ## unit tests of every package with -race -short, minus th
 
 # The library must export the plugin tables and nothing else, and be marked
 # NODELETE so NCCL's dlclose cannot unload the Go runtime.
-abi-check: $(SO) $(SO_V9V10) ## the libraries export exactly the plugin tables and are NODELETE
+abi-check: $(SO) $(SO_V9V10) ## the libraries export exactly the plugin tables, are NODELETE and keep their static TLS small
 	scripts/abi-check.sh $(SO) ncclNetPlugin_v8 ncclNetPlugin_v9 ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12
 	scripts/abi-check.sh $(SO_V9V10) ncclNetPlugin_v9 ncclNetPlugin_v10
 

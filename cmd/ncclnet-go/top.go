@@ -214,6 +214,9 @@ type scrape struct {
 	devs      map[devKey]*devStats
 }
 
+// maxScrapeBytes is the most top reads of one answer (a variable for tests).
+var maxScrapeBytes int64 = 16 << 20
+
 type scraper struct {
 	client *http.Client
 }
@@ -251,8 +254,15 @@ func (s *scraper) scrapeOne(target string) *scrape {
 		sc.err = fmt.Errorf("HTTP %s", resp.Status)
 		return sc
 	}
+	// A plugin endpoint is a few KiB per device; a range (node7:9400-9407)
+	// may hit some other service, whose answer must not fill top's memory.
+	body := &io.LimitedReader{R: resp.Body, N: maxScrapeBytes + 1}
 	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
+	fams, err := p.TextToMetricFamilies(body)
+	if body.N == 0 {
+		sc.err = fmt.Errorf("answers with more than %d MiB: not a libnccl-net-go endpoint", maxScrapeBytes>>20)
+		return sc
+	}
 	if err != nil {
 		sc.err = fmt.Errorf("not a Prometheus text exposition: %v", err)
 		return sc
