@@ -6,13 +6,16 @@
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <dirent.h>
 #include <sched.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <errno.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1526,6 +1529,116 @@ static int chk_finalize(conf_t* c) {
   return 0;
 }
 
+/* ------------------------------------------------------------ host signals */
+
+/* The process is NCCL's host's, and so are its signals. The Go runtime inside
+ * the plugin keeps handlers the host installed before loading it (it only adds
+ * SA_ONSTACK) and forwards faults in non-Go code to the host's handler; a
+ * plugin that called signal.Notify, or installed a handler of its own, would
+ * take the host's SIGTERM (torchrun's shutdown) or SIGCHLD (Python's
+ * subprocess) away. conf_rank installs these handlers before it loads the
+ * plugin; host-signals checks they still run, on every thread of the process
+ * (a signal sent to the process lands on any thread, the runtime's included),
+ * and that a fault in C code still reaches the host's SIGSEGV handler. */
+static const int HOST_SIGS[] = {SIGUSR1, SIGUSR2, SIGHUP, SIGCHLD, SIGTERM};
+#define NHOST_SIGS ((int)(sizeof HOST_SIGS / sizeof HOST_SIGS[0]))
+static atomic_int g_host_sig_count[NSIG];
+static atomic_int g_host_sig_tid[NSIG];
+static sigjmp_buf g_segv_jmp;
+static volatile sig_atomic_t g_segv_expected;
+static volatile uintptr_t g_bad_addr = 8; /* volatile: the compiler cannot see it fault */
+
+static void host_sig_handler(int sig) {
+  atomic_store(&g_host_sig_tid[sig], (int)syscall(SYS_gettid));
+  atomic_fetch_add(&g_host_sig_count[sig], 1);
+}
+
+static void host_segv_handler(int sig) {
+  if (g_segv_expected) {
+    g_segv_expected = 0;
+    siglongjmp(g_segv_jmp, 1);
+  }
+  /* A real crash: die of it, as without this handler. */
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void install_host_handlers(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = host_sig_handler;
+  sa.sa_flags = SA_RESTART; /* no SA_ONSTACK: many hosts do not set it */
+  for (int i = 0; i < NHOST_SIGS; i++) sigaction(HOST_SIGS[i], &sa, NULL);
+  sa.sa_handler = host_segv_handler;
+  sa.sa_flags = SA_NODEFER;
+  sigaction(SIGSEGV, &sa, NULL);
+}
+
+static void restore_default_handlers(void) {
+  for (int i = 0; i < NHOST_SIGS; i++) signal(HOST_SIGS[i], SIG_DFL);
+  signal(SIGSEGV, SIG_DFL);
+}
+
+static int wait_host_sig(int sig, int before) {
+  uint64_t t0 = now_ns();
+  while (atomic_load(&g_host_sig_count[sig]) == before) {
+    if (ms_since(t0) > 2000.0 * g_time_scale) return -1;
+    sleep_ms(1);
+  }
+  return 0;
+}
+
+static int chk_host_signals(conf_t* c) {
+  int rv = 0;
+  for (int i = 0; i < NHOST_SIGS && rv == 0; i++) {
+    struct sigaction cur;
+    sigaction(HOST_SIGS[i], NULL, &cur);
+    if (cur.sa_handler != host_sig_handler)
+      rv = fail(c, "the host's %s handler, installed before dlopen, was replaced after init (signal.Notify or a handler of the plugin's own?)",
+                strsignal(HOST_SIGS[i]));
+  }
+  /* Every thread, by id: the runtime's threads as well as this one. */
+  pid_t me = (pid_t)syscall(SYS_gettid), pid = getpid();
+  int threads = 0, others = 0;
+  DIR* d = rv == 0 ? opendir("/proc/self/task") : NULL;
+  if (rv == 0 && d == NULL) rv = fail(c, "cannot list /proc/self/task: %s", strerror(errno));
+  for (struct dirent* e; rv == 0 && d != NULL && (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.') continue;
+    pid_t tid = (pid_t)atoi(e->d_name);
+    threads++;
+    others += tid != me;
+    for (int i = 0; i < NHOST_SIGS && rv == 0; i++) {
+      int sig = HOST_SIGS[i], before = atomic_load(&g_host_sig_count[sig]);
+      if (syscall(SYS_tgkill, pid, tid, sig) != 0) {
+        if (errno == ESRCH) break; /* the thread has exited meanwhile */
+        rv = fail(c, "tgkill(%d, %s): %s", (int)tid, strsignal(sig), strerror(errno));
+      } else if (wait_host_sig(sig, before) != 0) {
+        rv = fail(c, "%s sent to thread %d (of %s) did not run the host's handler within 2 s: the plugin's threads block or take the host's signals",
+                  strsignal(sig), (int)tid, tid == me ? "the caller" : "the plugin's threads");
+      } else if (atomic_load(&g_host_sig_tid[sig]) != (int)tid) {
+        rv = fail(c, "%s sent to thread %d ran the host's handler on thread %d", strsignal(sig), (int)tid,
+                  atomic_load(&g_host_sig_tid[sig]));
+      }
+    }
+  }
+  if (d) closedir(d);
+  if (rv == 0 && others == 0) rv = fail(c, "the process has no thread but the caller after init: nothing was checked");
+  if (rv == 0) {
+    /* A fault in the host's own code after the runtime started: the runtime
+     * must hand it to the host's handler, not treat it as its own. */
+    if (sigsetjmp(g_segv_jmp, 1) == 0) {
+      g_segv_expected = 1;
+      *(volatile int*)g_bad_addr = 1;
+      g_segv_expected = 0;
+      rv = fail(c, "a write to address 8 did not fault");
+    }
+  }
+  restore_default_handlers();
+  if (rv == 0) snprintf(c->note, sizeof c->note, "(%d signals on each of %d threads; SIGSEGV forwarded)", NHOST_SIGS, threads);
+  return rv;
+}
+
 static const check_t CHECKS[] = {
     {"load", chk_load, 8, F_NOSETUP},
     {"makeVDevice-before-init", chk_vdevice_before_init, 9, F_NOSETUP},
@@ -1548,6 +1661,7 @@ static const check_t CHECKS[] = {
     {"fifo-order", chk_fifo, 8, 0},
     {"bidirectional", chk_bidir, 8, 0},
     {"multi-comm", chk_multicomm, 8, 0},
+    {"host-signals", chk_host_signals, 8, 0},
     {"iflush", chk_iflush, 8, 0},
     {"profiler-events", chk_profiler, 10, 0},
     {"close-outstanding-reconnect", chk_close_outstanding, 8, 0},
@@ -1574,6 +1688,7 @@ static int conf_rank(rank_t* r, void* arg) {
   conf_arg_t* a = arg;
   conf_t c = {.r = r, .version = a->version, .path = a->path};
   shm_t* s = r->shm;
+  install_host_handlers(); /* before the plugin is loaded, as a host would */
   for (int i = a->first; i < a->nchecks; i++) {
     if (!applies(a, i)) continue;
     const check_t* k = &a->checks[i];
