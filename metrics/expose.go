@@ -401,7 +401,10 @@ func (e *exporter) removeStaleTextfiles(dir string) {
 	if staleAge < minStaleAge {
 		staleAge = minStaleAge
 	}
-	matches, _ := filepath.Glob(filepath.Join(dir, "ncclnet_go_rank*_pid*.prom"))
+	// Also the temporary files a write leaves when its process dies inside
+	// it (WriteToTextfile's <name>.prom<random>, which node_exporter ignores
+	// but which would pile up).
+	matches, _ := filepath.Glob(filepath.Join(dir, "ncclnet_go_rank*_pid*.prom*"))
 	for _, path := range matches {
 		var rank, pid int
 		// Older files end in _pid<P>.prom, ours in _pid<P>-<hex>.prom.

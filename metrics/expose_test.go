@@ -337,6 +337,8 @@ func TestStaleTextfilesOfExitedProcessesAreRemoved(t *testing.T) {
 	// A pid that surely does not exist: beyond the kernel's pid_max limit.
 	deadOld := write("ncclnet_go_rank3_pid99999999.prom", old)
 	deadFresh := write("ncclnet_go_rank4_pid99999998.prom", time.Now())
+	deadTemp := write("ncclnet_go_rank3_pid99999999-0a1b.prom123456789", old) // died inside a write
+	aliveTemp := write(TextfileName(6, strconv.Itoa(os.Getppid()))+"987654321", old)
 	aliveOld := write(TextfileName(5, strconv.Itoa(os.Getppid())), old)
 	other := write("node_gpu.prom", old)
 
@@ -346,6 +348,8 @@ func TestStaleTextfilesOfExitedProcessesAreRemoved(t *testing.T) {
 	defer Stop()
 	assert.NoFileExists(t, deadOld, "exited process, not written for an hour")
 	assert.FileExists(t, deadFresh, "recently written: may be a live process in another pid namespace")
+	assert.NoFileExists(t, deadTemp, "an exited process's temporary file")
+	assert.FileExists(t, aliveTemp, "a live process's temporary file")
 	assert.FileExists(t, aliveOld, "its process is alive")
 	assert.FileExists(t, other, "not ours")
 	assert.Empty(t, log.Warns())
