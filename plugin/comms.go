@@ -366,9 +366,15 @@ func closeQuietly(e *commEntry, r slots.Ref, call string) bool {
 // for a closeListen NCCL may still send (state.mu held, shared or
 // exclusively).
 func closeLeftListen(t nccl.Transport, e *commEntry, r slots.Ref, call string) bool {
+	// The handle goes into closedListens before the comm leaves the table,
+	// not after its Close returned: a closeListen NCCL sends meanwhile (an
+	// abort's service thread racing its finalize) finds the comm either
+	// still open or already remembered, never neither.
+	h := commHandle(e.tag, r.Gen, r.Slot)
+	closedListens.add(h)
 	closed, _ := removeAndClose(t, e, r, call)
-	if closed {
-		closedListens.add(commHandle(e.tag, r.Gen, r.Slot))
+	if !closed {
+		closedListens.take(h) // someone else closed it; nothing to remember
 	}
 	return closed
 }
@@ -376,6 +382,9 @@ func closeLeftListen(t nccl.Transport, e *commEntry, r slots.Ref, call string) b
 // closeEntryLocked is closeEntry with state.mu already held shared.
 func closeEntryLocked(t nccl.Transport, e *commEntry, h uintptr, call string) nccl.Result {
 	closed, res := removeAndClose(t, e, slots.Ref{Slot: e.slot, Gen: e.gen}, call)
+	if !closed && e.tag == tagListen && closedListens.take(h) {
+		return nccl.Success // a finalize's sweep removed it after our lookup; see closedListens
+	}
 	if !closed {
 		return fail(call, nccl.Errorf(nccl.InvalidArgument, "%s: handle %#x closed twice", call, h))
 	}
