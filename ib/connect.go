@@ -155,6 +155,10 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 		}
 		return nil, fail("hello reply", err)
 	}
+	if err := r.check(); err != nil {
+		return nil, fail("hello reply", fmt.Errorf("not a libnccl-net-go ib listener (%v): the handle is stale and another service now owns its port, "+
+			"or the ranks run different plugin builds", err))
+	}
 	if r.Status != 0 || verbs.LinkLayer(r.LinkLayer) != ll {
 		return nil, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : attempted to connect incompatible devices: local %v, remote %v link layer (%s); make NCCL_IB_HCA select the same link layer on every node",
 			ll, verbs.LinkLayer(r.LinkLayer), peer)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/abi"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
@@ -113,10 +114,28 @@ type helloReply struct {
 	Status    uint32 // 0 = ok, else replyIncompatible
 	NDevs     uint32
 	LinkLayer uint32
-	_         uint32
+	Reserved  uint32 // 0
 }
 
 const replyIncompatible = 1
+
+// check tells a reply from this plugin's listener from the bytes of some
+// other service that now owns the handle's port (a stale handle): only a
+// plugin's reply can be a link-layer verdict worth acting on.
+func (r *helloReply) check() error {
+	switch verbs.LinkLayer(r.LinkLayer) {
+	case verbs.LinkUnspecified, verbs.LinkInfiniBand, verbs.LinkEthernet:
+	default:
+		return fmt.Errorf("link layer %#x", r.LinkLayer)
+	}
+	if r.Status != 0 && r.Status != replyIncompatible {
+		return fmt.Errorf("status %#x", r.Status)
+	}
+	if r.Reserved != 0 {
+		return fmt.Errorf("reserved word %#x", r.Reserved)
+	}
+	return nil
+}
 
 // check validates a hello against the listen it arrived on.
 func (h *hello) check(magic, secret uint64) error {
