@@ -82,9 +82,9 @@ type RecvComm interface {
 // the number of bytes actually received into the buffer.
 type RecvBuffer struct {
 	Data unsafe.Pointer // host memory, or device memory for PtrCUDA registrations
-	Size int
-	Tag  int
-	MH   MemHandle
+	Size int            // capacity in bytes (for Iflush: bytes received)
+	Tag  int            // the tag a send must carry to land here (NCCL passes the sender's rank)
+	MH   MemHandle      // RegMr's handle for memory covering Data, or 0 when NCCL gave none
 }
 
 // HostBytes views n bytes of host memory at p (memory NCCL owns, never the Go

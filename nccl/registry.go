@@ -12,9 +12,9 @@ type Factory func() Transport
 
 // Registration is one registered transport.
 type Registration struct {
-	Name     string
-	Priority int // lower is tried first
-	New      Factory
+	Name     string  // as given to Register; NCCL_GO_TRANSPORT matches it in any case
+	Priority int     // lower is tried first
+	New      Factory // makes a fresh, uninitialised transport
 }
 
 var registry struct {

@@ -25,6 +25,7 @@ var resultNames = [...]string{"ncclSuccess", "ncclUnhandledCudaError", "ncclSyst
 	"ncclInternalError", "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError",
 	"ncclInProgress", "ncclTimeout"}
 
+// String is NCCL's name for r ("ncclRemoteError"), as NCCL's logs print it.
 func (r Result) String() string {
 	if r >= 0 && int(r) < len(resultNames) {
 		return resultNames[r]
@@ -36,13 +37,14 @@ func (r Result) String() string {
 // it so that the glue reports the right code; any other error maps to
 // InternalError.
 type Error struct {
-	Code Result
-	Msg  string
-	Err  error // optional cause, appended to Msg by Error()
+	Code Result // what the glue returns to NCCL (ResultOf)
+	Msg  string // what the glue's WARN prints
+	Err  error  // optional cause, appended to Msg by Error()
 
 	msgHasCause bool // built by Errorf with %w: Msg already spells out Err
 }
 
+// Error is Msg, followed by Err when Msg does not already spell it out.
 func (e *Error) Error() string {
 	if e.Err != nil && !e.msgHasCause {
 		return e.Msg + ": " + e.Err.Error()
@@ -50,6 +52,7 @@ func (e *Error) Error() string {
 	return e.Msg
 }
 
+// Unwrap returns Err, so errors.Is and errors.As see the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
 // Errorf builds an *Error with a formatted message. A %w verb wraps its

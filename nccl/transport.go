@@ -39,7 +39,7 @@ type Transport interface {
 
 // InitContext is what the glue hands a transport at Init.
 type InitContext struct {
-	Log Logger
+	Log Logger // writes through NCCL's logger; nil in a test's zero value (use Logger())
 }
 
 // Logger is Log, or a Logger that drops everything when there is none (a

@@ -23,10 +23,11 @@ const (
 // register, and the type argument of RegMr.
 type PtrType int
 
+// Memory kinds (NCCL_PTR_*).
 const (
-	PtrHost   PtrType = 0x1
-	PtrCUDA   PtrType = 0x2
-	PtrDMABuf PtrType = 0x4
+	PtrHost   PtrType = 0x1 // host memory; every device supports it
+	PtrCUDA   PtrType = 0x2 // GPU memory the NIC reads and writes directly (GPUDirect RDMA)
+	PtrDMABuf PtrType = 0x4 // GPU memory registered through a dma-buf fd (DMABufRegistrar)
 )
 
 // Handle is the opaque connection handle that listen fills and NCCL copies, as
@@ -53,6 +54,7 @@ func KnownID(n int) OptionalID {
 // Get returns the identifier and whether it is known.
 func (o OptionalID) Get() (int, bool) { return int(o.id), o.set }
 
+// String is the identifier in decimal, or "undefined".
 func (o OptionalID) String() string {
 	if !o.set {
 		return "undefined"
@@ -135,6 +137,7 @@ type MemHandle uintptr
 // "cannot start now, retry".
 type Request int32
 
-const (
-	NoRequest Request = -1
-)
+// NoRequest is what Isend and Irecv return when the operation cannot start
+// yet (no credit, no free slot): the glue hands NCCL a NULL request and NCCL
+// retries. From Iflush it means "nothing to flush".
+const NoRequest Request = -1

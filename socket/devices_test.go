@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -62,15 +63,30 @@ func TestFindDevicesUsesNCCLRules(t *testing.T) {
 	assert.Equal(t, 0, family(log))
 }
 
+// sysFixture is testdata/sys copied to a temporary directory with what a Go
+// module zip cannot carry added: eth0's PCI device directory (its name
+// contains ':') and the class/net/eth0/device link to it (links are left out
+// of module zips). It returns the root and eth0's PCI path as pciPath reports it.
+func sysFixture(t *testing.T) (root, pci string) {
+	t.Helper()
+	root = t.TempDir()
+	require.NoError(t, os.CopyFS(root, os.DirFS("testdata/sys")))
+	const dev = "pci0000:00/0000:00:03.0"
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "devices", dev), 0o755))
+	require.NoError(t, os.Symlink("../../../devices/"+dev, filepath.Join(root, "class", "net", "eth0", "device")))
+	pci, err := filepath.EvalSymlinks(filepath.Join(root, "devices", dev))
+	require.NoError(t, err)
+	return root, pci
+}
+
 func TestSysfsFixtures(t *testing.T) {
-	s := sysfs{root: "testdata/sys"}
+	root, want := sysFixture(t)
+	s := sysfs{root: root}
 	assert.Equal(t, 25000, s.speed("eth0"))
 	assert.Equal(t, 10000, s.speed("eth1"), "-1 (unknown) falls back to 10000")
 	assert.Equal(t, 10000, s.speed("eth2"), "garbage falls back to 10000")
 	assert.Equal(t, 10000, s.speed("lo"), "missing falls back to 10000")
 	assert.Equal(t, 10000, s.speed("nope"))
-	want, err := filepath.Abs("testdata/sys/devices/pci0000:00/0000:00:03.0")
-	require.NoError(t, err)
 	assert.Equal(t, want, s.pciPath("eth0"))
 	assert.Equal(t, "", s.pciPath("lo"), "no device link: virtual NIC")
 	assert.Equal(t, "", s.pciPath("nope"))
@@ -78,13 +94,13 @@ func TestSysfsFixtures(t *testing.T) {
 
 func TestInitProperties(t *testing.T) {
 	withEnv(t, map[string]string{envIfname: "eth0,lo"})
-	tr := &Transport{sysRoot: "testdata/sys", ifaces: fakeIfaces{up("lo", 1, "127.0.0.1"), up("eth0", 2, "10.0.0.2")}}
+	root, pci := sysFixture(t)
+	tr := &Transport{sysRoot: root, ifaces: fakeIfaces{up("lo", 1, "127.0.0.1"), up("eth0", 2, "10.0.0.2")}}
 	require.NoError(t, tr.Init(nccl.InitContext{Log: &captureLog{}}))
 	defer tr.Finalize()
 	require.Equal(t, 2, tr.Devices())
 	p, err := tr.Properties(1)
 	require.NoError(t, err)
-	pci, _ := filepath.Abs("testdata/sys/devices/pci0000:00/0000:00:03.0")
 	assert.Equal(t, nccl.Properties{Name: "eth0", PCIPath: pci, GUID: 1, PtrSupport: nccl.PtrHost, Speed: 25000,
 		MaxComms: 65536, MaxRecvs: 8, MaxP2PBytes: 1 << 40, MaxCollBytes: 512 << 20}, p)
 	p, err = tr.Properties(0)

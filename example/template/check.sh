@@ -25,7 +25,7 @@ sed -i 's#github.com/libnccl-net-go/libnccl-net-go/example/template/myfabric#exa
 go mod tidy
 go test ./...
 # Step 4: build the plugin library.
-"$repo/scripts/build-plugin.sh" --name MyFabric --out build/libnccl-net-myfabric.so ./cmd/libnccl-net-myfabric
+bash "$repo/scripts/build-plugin.sh" --name MyFabric --out build/libnccl-net-myfabric.so ./cmd/libnccl-net-myfabric
 # Step 5: check that it loads.
 NCCL_DEBUG=INFO "$loadcheck" build/libnccl-net-myfabric.so 2>build/loadcheck.log || { cat build/loadcheck.log >&2; exit 1; }
 cat build/loadcheck.log >&2
