@@ -37,14 +37,40 @@ concurrent: $(HARNESS) $(SO) ## NCCL's threads at once (progress, service, init/
 
 TEST_TARGETS += concurrent concurrent-race
 
-.PHONY: lib install go-test go-test-short abi-check
+.PHONY: lib install uninstall go-test go-test-short abi-check
 lib: $(SO) ## build build/libnccl-net-go.so (the default target)
 
-install: $(SO) ## install libnccl-net-go.so and the libnccl-net.so link under $(LIBDIR)
+# NCCL dlopen()s the plugin by file name, and the loader finds a file outside
+# its built-in directories (/usr/local/lib on Debian) only through
+# /etc/ld.so.cache: without ldconfig, NCCL_NET_PLUGIN=go (and the unset
+# default, libnccl-net.so) fail with "cannot open shared object file" until
+# something else runs it. An install into the live system by root refreshes the
+# cache (as a package's ldconfig trigger would); a staged one (DESTDIR) or one
+# by another user says what is left to do.
+define LDCONFIG_AFTER
+	@if [ -n "$(DESTDIR)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && ldc=$$(PATH="$$PATH:/sbin:/usr/sbin" command -v ldconfig); then \
+	  "$$ldc" && echo "ran ldconfig: the loader's cache is up to date"; \
+	else echo "note: run ldconfig as root so that NCCL_NET_PLUGIN=go finds $(LIBDIR)/libnccl-net-go.so (or put $(LIBDIR) on LD_LIBRARY_PATH)"; fi
+endef
+
+install: $(SO) ## install libnccl-net-go.so and the libnccl-net.so link under $(LIBDIR) (then ldconfig, when root without DESTDIR)
 	install -d $(DESTDIR)$(LIBDIR)
 	install -m 0755 $(SO) $(DESTDIR)$(LIBDIR)/libnccl-net-go.so
 	ln -sf libnccl-net-go.so $(DESTDIR)$(LIBDIR)/libnccl-net.so
 	@echo "installed $(DESTDIR)$(LIBDIR)/libnccl-net-go.so (+ libnccl-net.so link)"
+	$(LDCONFIG_AFTER)
+
+# The same PREFIX, LIBDIR, BINDIR, LIBEXECDIR and DESTDIR as the install. The
+# libnccl-net.so link is removed only while it still points at our library
+# (another plugin may have taken the name since).
+uninstall: ## remove what make install installed (same PREFIX/DESTDIR/...), without building anything
+	rm -f $(DESTDIR)$(LIBDIR)/libnccl-net-go.so
+	@if [ "$$(readlink $(DESTDIR)$(LIBDIR)/libnccl-net.so)" = libnccl-net-go.so ]; then \
+	  echo "rm -f $(DESTDIR)$(LIBDIR)/libnccl-net.so"; rm -f $(DESTDIR)$(LIBDIR)/libnccl-net.so; \
+	elif [ -e $(DESTDIR)$(LIBDIR)/libnccl-net.so ]; then \
+	  echo "kept $(DESTDIR)$(LIBDIR)/libnccl-net.so: it is not our link"; fi
+	$(LDCONFIG_AFTER)
 
 # Every package's unit tests, once, under the race detector (go-vet is in lint.mk).
 go-test: go-vet ## unit tests of every package with -race (all of them; several minutes)

@@ -4,6 +4,8 @@
 #
 #   make                   also builds build/ncclnet-go and build/ncclnet-go-selftest
 #   make install           also installs them ($(BINDIR), $(LIBEXECDIR)/ncclnet-go)
+#   make uninstall         removes them again (same PREFIX, DESTDIR, ...)
+#   make test-install      install and uninstall into a staging DESTDIR
 #   make deb               build/libnccl-net-go_<version>_amd64.deb
 #   make test-tools        the command's and internal/diag's tests, promtool on deploy/
 #   make test-deb          lintian, then dpkg -i, ncclnet-go selftest on the installed
@@ -19,7 +21,7 @@ TOOLS_LDFLAGS ?= -pie -Wl,-z,relro -Wl,-z,now
 BINDIR ?= $(PREFIX)/bin
 LIBEXECDIR ?= $(PREFIX)/libexec
 DEB := $(BUILD)/libnccl-net-go_$(NCCLNET_VERSION)_amd64.deb
-.PHONY: tools test-tools test-deploy deb test-deb install-tools
+.PHONY: tools test-tools test-deploy deb test-deb test-install install-tools uninstall-tools
 all: tools
 tools: $(TOOLS_CMD) $(TOOLS_HELPER) ## build build/ncclnet-go and its selftest helper (part of make)
 
@@ -42,6 +44,11 @@ install-tools: $(TOOLS_CMD) $(TOOLS_HELPER)
 	install -m 0755 $(TOOLS_HELPER) $(DESTDIR)$(LIBEXECDIR)/ncclnet-go/ncclnet-go-selftest
 	@echo "installed $(DESTDIR)$(BINDIR)/ncclnet-go (+ $(LIBEXECDIR)/ncclnet-go/ncclnet-go-selftest)"
 
+uninstall: uninstall-tools
+uninstall-tools:
+	rm -f $(DESTDIR)$(BINDIR)/ncclnet-go $(DESTDIR)$(LIBEXECDIR)/ncclnet-go/ncclnet-go-selftest
+	@! [ -d $(DESTDIR)$(LIBEXECDIR)/ncclnet-go ] || rmdir --ignore-fail-on-non-empty $(DESTDIR)$(LIBEXECDIR)/ncclnet-go
+
 # The command's tests use the library and the helper built here (they build
 # their own when run by plain `go test`).
 test-tools: $(SO) $(TOOLS_HELPER) test-deploy ## ncclnet-go's and internal/diag's tests (-race) with the built library and helper, and test-deploy
@@ -61,10 +68,13 @@ deb: $(DEB) ## build/libnccl-net-go_<version>_amd64.deb (docs/operations.md)
 $(DEB): $(SO) $(TOOLS_CMD) $(TOOLS_HELPER) $(wildcard packaging/* packaging/*/*) $(wildcard deploy/*/*) README.md $(wildcard docs/*.md)
 	packaging/build-deb.sh --version $(NCCLNET_VERSION) --lib $(SO) --cmd $(TOOLS_CMD) --helper $(TOOLS_HELPER) --out $@
 
+test-install: $(SO) $(TOOLS_CMD) $(TOOLS_HELPER) ## make install and make uninstall into a staging DESTDIR: every file where it belongs, and gone again
+	packaging/test-install.sh $(NCCLNET_VERSION)
+
 test-deb: $(DEB) ## lintian, dpkg -i, the installed selftest, dpkg --purge (leaves the machine as it was)
 	$(HARNESS_ENV) packaging/test-deb.sh $(DEB)
 
-TEST_TARGETS += test-tools test-deb
+TEST_TARGETS += test-tools test-install test-deb
 CHECK_TARGETS += test-deploy
 # promtool comes with prometheus (mk/metrics.mk); lintian checks the package,
 # dpkg-dev computes its dependencies (dpkg-shlibdeps).
