@@ -239,7 +239,19 @@ func (c *context) NextAsyncEvent(stop <-chan struct{}) (verbs.AsyncEvent, error)
 	case r < 0:
 		return verbs.AsyncEvent{}, errnoErr("ibv_get_async_event", r)
 	}
-	return verbs.AsyncEvent{Type: verbs.AsyncEventType(ev._type), QPNum: uint32(ev.qp_num), CQID: uint64(ev.cq), Port: int(ev.port)}, nil
+	return goEvent(&ev), nil
+}
+
+func goEvent(ev *C.goevent) verbs.AsyncEvent {
+	return verbs.AsyncEvent{Type: verbs.AsyncEventType(ev._type), QPNum: uint32(ev.qp_num), CQID: uint64(ev.cq), Port: int(ev.port)}
+}
+
+// decodePortEvent is what NextAsyncEvent returns for an event of type t whose
+// element libibverbs filled with port (tests of the decode without a device).
+func decodePortEvent(t verbs.AsyncEventType, port int) verbs.AsyncEvent {
+	var ev C.goevent
+	C.nb_decode_test_event(C.int(t), C.int(port), &ev)
+	return goEvent(&ev)
 }
 
 func (c *context) isDone() bool {

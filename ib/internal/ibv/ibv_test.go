@@ -226,3 +226,21 @@ func exports(t *testing.T, lib, sym string) bool {
 	t.Fatalf("%s not found", lib)
 	return false
 }
+
+// TestAsyncEventPortDecodedAsLibibverbsFillsIt: libibverbs' ibv_get_async_event
+// (libibverbs/device.c) stores the kernel's element as the port number for
+// every event that is not a CQ, QP, SRQ or WQ event, so the port of
+// IBV_EVENT_DEVICE_SPEED_CHANGE (newer than the headers the shim builds
+// against) and of any later type must reach the caller, as the port events'
+// do; an SRQ or WQ event's element is a pointer, never a port.
+func TestAsyncEventPortDecodedAsLibibverbsFillsIt(t *testing.T) {
+	for _, typ := range []verbs.AsyncEventType{verbs.EventPortActive, verbs.EventPortErr, verbs.EventGIDChange,
+		verbs.EventDeviceSpeedChange, verbs.EventDeviceSpeedChange + 1} {
+		ev := decodePortEvent(typ, 2)
+		assert.Equal(t, typ, ev.Type)
+		assert.Equal(t, 2, ev.Port, "%v carries its port in the event's element", typ)
+	}
+	for _, typ := range []verbs.AsyncEventType{verbs.EventSRQErr, verbs.EventSRQLimitReached, verbs.EventWQFatal} {
+		assert.Equal(t, 0, decodePortEvent(typ, 2).Port, "%v: the element is not a port", typ)
+	}
+}

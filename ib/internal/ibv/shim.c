@@ -113,6 +113,10 @@ int nb_fork_init(int* status) {
 }
 
 static int rc(int r) { return r == -1 ? (errno ? errno : EIO) : r; }
+// RC calls a verb with errno cleared first, so that a -1 whose errno the
+// library left alone (ibv_query_gid's -1 after a failed GID query) reads as
+// EIO, not as whatever an earlier call on this thread left in errno.
+#define RC(call) (errno = 0, rc(call))
 
 // nb_device_names writes the NUL-separated device names into buf.
 int nb_device_names(char* buf, int buflen, int* n) {
@@ -156,12 +160,12 @@ struct ibv_context* nb_open(const char* name) {
   return ctx;
 }
 
-int nb_close(struct ibv_context* ctx) { return rc(p_close_device(ctx)); }
+int nb_close(struct ibv_context* ctx) { return RC(p_close_device(ctx)); }
 
 int nb_query_device(struct ibv_context* ctx, godevattr* out) {
   struct ibv_device_attr a;
   memset(&a, 0, sizeof(a));
-  int r = rc(p_query_device(ctx, &a));
+  int r = RC(p_query_device(ctx, &a));
   if (r) return r;
   out->max_qp = a.max_qp; out->max_qp_wr = a.max_qp_wr; out->max_cqe = a.max_cqe;
   out->phys_port_cnt = a.phys_port_cnt; out->sys_image_guid = a.sys_image_guid;
@@ -186,10 +190,10 @@ int nb_query_port(struct ibv_context* ctx, int port, goportattr* out) {
   struct portattr_ex x;
   memset(&x, 0, sizeof(x));
   struct verbs_context* vctx = verbs_get_ctx_op(ctx, query_port);
-  int r = vctx ? rc(vctx->query_port(ctx, (uint8_t)port, &x.a, sizeof(x))) : -1;
+  int r = vctx ? RC(vctx->query_port(ctx, (uint8_t)port, &x.a, sizeof(x))) : -1;
   if (r) {
     memset(&x, 0, sizeof(x));
-    r = rc(p_query_port(ctx, (uint8_t)port, &x.a));
+    r = RC(p_query_port(ctx, (uint8_t)port, &x.a));
     if (r) return r;
   }
   struct ibv_port_attr a = x.a;
@@ -204,18 +208,18 @@ int nb_query_port(struct ibv_context* ctx, int port, goportattr* out) {
 // nb_query_port_speed: the port's effective bandwidth in units of 100 Mb/s.
 int nb_query_port_speed(struct ibv_context* ctx, int port, uint64_t* out) {
   if (!p_query_port_speed) return EOPNOTSUPP;
-  return rc(p_query_port_speed(ctx, (uint32_t)port, out));
+  return RC(p_query_port_speed(ctx, (uint32_t)port, out));
 }
 
 int nb_query_gid(struct ibv_context* ctx, int port, int index, uint8_t* gid16) {
   union ibv_gid g;
-  int r = rc(p_query_gid(ctx, (uint8_t)port, index, &g));
+  int r = RC(p_query_gid(ctx, (uint8_t)port, index, &g));
   if (r == 0) memcpy(gid16, g.raw, 16);
   return r;
 }
 
 struct ibv_pd* nb_alloc_pd(struct ibv_context* ctx) { return p_alloc_pd(ctx); }
-int nb_dealloc_pd(struct ibv_pd* pd) { return rc(p_dealloc_pd(pd)); }
+int nb_dealloc_pd(struct ibv_pd* pd) { return RC(p_dealloc_pd(pd)); }
 
 struct ibv_mr* nb_reg_mr(struct ibv_pd* pd, uint64_t addr, size_t len, int access) {
   void* p = (void*)(uintptr_t)addr;
@@ -229,12 +233,12 @@ struct ibv_mr* nb_reg_dmabuf_mr(struct ibv_pd* pd, uint64_t offset, size_t len, 
   return p_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
 }
 
-int nb_dereg_mr(struct ibv_mr* mr) { return rc(p_dereg_mr(mr)); }
+int nb_dereg_mr(struct ibv_mr* mr) { return RC(p_dereg_mr(mr)); }
 uint32_t nb_mr_lkey(struct ibv_mr* mr) { return mr->lkey; }
 uint32_t nb_mr_rkey(struct ibv_mr* mr) { return mr->rkey; }
 
 struct ibv_cq* nb_create_cq(struct ibv_context* ctx, int cqe) { return p_create_cq(ctx, cqe, NULL, NULL, 0); }
-int nb_destroy_cq(struct ibv_cq* cq) { return rc(p_destroy_cq(cq)); }
+int nb_destroy_cq(struct ibv_cq* cq) { return RC(p_destroy_cq(cq)); }
 
 struct ibv_qp* nb_create_qp(struct ibv_pd* pd, struct ibv_cq* scq, struct ibv_cq* rcq, int max_send_wr, int max_recv_wr,
                             int max_send_sge, int max_recv_sge, int max_inline) {
@@ -253,7 +257,7 @@ int nb_modify_init(struct ibv_qp* qp, int pkey_index, int port, int access) {
   struct ibv_qp_attr a;
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_INIT; a.pkey_index = pkey_index; a.port_num = port; a.qp_access_flags = access;
-  return rc(p_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+  return RC(p_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
 }
 
 int nb_modify_rtr(struct ibv_qp* qp, int mtu, uint32_t dest_qpn, uint32_t rq_psn, int max_dest_rd_atomic, int min_rnr_timer,
@@ -270,7 +274,7 @@ int nb_modify_rtr(struct ibv_qp* qp, int mtu, uint32_t dest_qpn, uint32_t rq_psn
     a.ah_attr.grh.traffic_class = traffic_class; a.ah_attr.grh.flow_label = flow_label;
   }
   a.ah_attr.dlid = dlid; a.ah_attr.sl = sl; a.ah_attr.src_path_bits = 0; a.ah_attr.port_num = port;
-  return rc(p_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+  return RC(p_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
 }
 
@@ -279,17 +283,17 @@ int nb_modify_rts(struct ibv_qp* qp, int timeout, int retry_cnt, int rnr_retry, 
   memset(&a, 0, sizeof(a));
   a.qp_state = IBV_QPS_RTS; a.timeout = timeout; a.retry_cnt = retry_cnt; a.rnr_retry = rnr_retry;
   a.sq_psn = sq_psn; a.max_rd_atomic = max_rd_atomic;
-  return rc(p_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+  return RC(p_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                     IBV_QP_MAX_QP_RD_ATOMIC));
 }
 
-int nb_destroy_qp(struct ibv_qp* qp) { return rc(p_destroy_qp(qp)); }
+int nb_destroy_qp(struct ibv_qp* qp) { return RC(p_destroy_qp(qp)); }
 
 int nb_query_ece(struct ibv_qp* qp, uint32_t* out3) {
   if (!p_query_ece) return EOPNOTSUPP;
   struct ibv_ece e;
   memset(&e, 0, sizeof(e));
-  int r = rc(p_query_ece(qp, &e));
+  int r = RC(p_query_ece(qp, &e));
   out3[0] = e.vendor_id; out3[1] = e.options; out3[2] = e.comp_mask;
   return r;
 }
@@ -297,7 +301,7 @@ int nb_query_ece(struct ibv_qp* qp, uint32_t* out3) {
 int nb_set_ece(struct ibv_qp* qp, const uint32_t* in3) {
   if (!p_set_ece) return EOPNOTSUPP;
   struct ibv_ece e = {.vendor_id = in3[0], .options = in3[1], .comp_mask = in3[2]};
-  return rc(p_set_ece(qp, &e));
+  return RC(p_set_ece(qp, &e));
 }
 
 #define CHAIN 32
@@ -387,27 +391,49 @@ int nb_poll_cq(struct ibv_cq* cq, gowc* out, int n) {
 
 int nb_async_fd(struct ibv_context* ctx) { return ctx->async_fd; }
 
+// nb_decode_event copies what the plugin reads from an event, with the union
+// read as libibverbs' ibv_get_async_event fills it: a CQ for CQ_ERR, a QP for
+// the QP events, an SRQ or WQ for theirs, and the port number for every other
+// type, IBV_EVENT_DEVICE_SPEED_CHANGE (newer than these headers) and any
+// later one included.
+void nb_decode_event(const struct ibv_async_event* ev, goevent* out) {
+  out->type = ev->event_type; out->qp_num = 0; out->cq = 0; out->port = 0;
+  switch (ev->event_type) {
+    case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR: case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED: case IBV_EVENT_PATH_MIG: case IBV_EVENT_PATH_MIG_ERR: case IBV_EVENT_QP_LAST_WQE_REACHED:
+      out->qp_num = ev->element.qp ? ev->element.qp->qp_num : 0;
+      break;
+    case IBV_EVENT_CQ_ERR:
+      out->cq = (uint64_t)(uintptr_t)ev->element.cq;
+      break;
+    case IBV_EVENT_SRQ_ERR: case IBV_EVENT_SRQ_LIMIT_REACHED: case IBV_EVENT_WQ_FATAL:
+      break;
+    default:
+      out->port = ev->element.port_num;
+      break;
+  }
+}
+
 // nb_get_async_event returns 1 with an event (already acknowledged: the
 // fields are copied first), 0 when none is pending, or -errno.
 int nb_get_async_event(struct ibv_context* ctx, goevent* out) {
   struct ibv_async_event ev;
-  if (p_get_async_event(ctx, &ev) != 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
-  out->type = ev.event_type; out->qp_num = 0; out->cq = 0; out->port = 0;
-  switch (ev.event_type) {
-    case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR: case IBV_EVENT_COMM_EST:
-    case IBV_EVENT_SQ_DRAINED: case IBV_EVENT_PATH_MIG: case IBV_EVENT_PATH_MIG_ERR: case IBV_EVENT_QP_LAST_WQE_REACHED:
-      out->qp_num = ev.element.qp ? ev.element.qp->qp_num : 0;
-      break;
-    case IBV_EVENT_CQ_ERR:
-      out->cq = (uint64_t)(uintptr_t)ev.element.cq;
-      break;
-    case IBV_EVENT_PORT_ACTIVE: case IBV_EVENT_PORT_ERR: case IBV_EVENT_LID_CHANGE: case IBV_EVENT_PKEY_CHANGE:
-    case IBV_EVENT_SM_CHANGE: case IBV_EVENT_CLIENT_REREGISTER: case IBV_EVENT_GID_CHANGE:
-      out->port = ev.element.port_num;
-      break;
-    default:
-      break;
+  errno = 0;
+  if (p_get_async_event(ctx, &ev) != 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return errno ? -errno : -EIO;
   }
+  nb_decode_event(&ev, out);
   p_ack_async_event(&ev);
   return 1;
+}
+
+// nb_decode_test_event decodes an event of type t whose element is port
+// (tests: the decode without a device).
+void nb_decode_test_event(int t, int port, goevent* out) {
+  struct ibv_async_event ev;
+  memset(&ev, 0, sizeof(ev));
+  ev.event_type = (enum ibv_event_type)t;
+  ev.element.port_num = port;
+  nb_decode_event(&ev, out);
 }

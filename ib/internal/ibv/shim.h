@@ -74,4 +74,6 @@ int nb_post_recv(struct ibv_qp* qp, const gorecvwr* wrs, int n, int* bad);
 int nb_poll_cq(struct ibv_cq* cq, gowc* out, int n);
 int nb_async_fd(struct ibv_context* ctx);
 int nb_get_async_event(struct ibv_context* ctx, goevent* out);
+void nb_decode_event(const struct ibv_async_event* ev, goevent* out);
+void nb_decode_test_event(int t, int port, goevent* out);
 #endif
