@@ -1,7 +1,6 @@
 package ib
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/sysfs/sysfstest"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/diag"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -114,7 +114,7 @@ func TestExplainQualifyingPortOfUnusableTransport(t *testing.T) {
 
 func TestExplainDisabledListsSysfsPorts(t *testing.T) {
 	setEnv(t, "NCCL_IB_DISABLE", "1")
-	root := filepath.Join("internal", "sysfs", "testdata", "sys")
+	root := sysfstest.Tree(t)
 	r := diag.Diagnose([]nccl.Registration{{Name: "ib", Priority: 10, New: func() nccl.Transport {
 		return NewWithOptions(Options{SysfsRoot: root})
 	}}}, diag.Options{SysfsRoot: root})

@@ -158,12 +158,24 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 		// receiver that died mid-write would leave it so for good.
 		return s.notYet(size, "the rest of the receiver's clear-to-send")
 	}
-	entry := -1
+	entry, taken := -1, false
 	for r := 0; r < nreqs; r++ {
-		if s.slotReq[slot][r] < 0 && ents[r].Tag == uint32(tag) {
-			entry = r
-			break
+		if ents[r].Tag != uint32(tag) {
+			continue
 		}
+		if s.slotReq[slot][r] >= 0 {
+			taken = true
+			continue
+		}
+		entry = r
+		break
+	}
+	if entry < 0 && taken {
+		// Every buffer with this tag already has its send: this one is
+		// for a later receive (one tag of a grouped receive ahead of
+		// another, as PXN's shared comms do). Retry once the slot is
+		// posted, as NCCL's ncclIbIsend answers NULL.
+		return s.notYet(size, "the receive after the one whose buffer with this tag is taken")
 	}
 	if entry < 0 {
 		return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : isend with tag %d matches no free buffer of the receive posted by %s (%d buffers); sends and receives must agree on tags", tag, s.peer, nreqs)

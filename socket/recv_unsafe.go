@@ -30,6 +30,26 @@ type recvReq struct {
 	left atomic.Int32 // chunks the data streams have not delivered yet
 }
 
+// free is the first buffer with tag that has no message yet, or -1.
+func (q *recvReq) free(tag int) int {
+	for i := 0; i < q.n; i++ {
+		if !q.filled[i] && q.bufs[i].tag == tag {
+			return i
+		}
+	}
+	return -1
+}
+
+// has says whether a buffer of q carries tag.
+func (q *recvReq) has(tag int) bool {
+	for i := 0; i < q.n; i++ {
+		if q.bufs[i].tag == tag {
+			return true
+		}
+	}
+	return false
+}
+
 // stageSize is the control stream's read buffer: headers and inline
 // payloads are read in bulk (many small messages per recv syscall) and copied
 // out; long payloads are read straight into the destination.
@@ -61,7 +81,8 @@ type recvComm struct {
 
 	reqs *reqpool.Pool[recvReq]
 	// postq holds posted receives that still have unmatched buffers, oldest
-	// first: an incoming message always goes to postq's head.
+	// first: an incoming message goes to the first with a free buffer for
+	// its tag (postq's head but for senders out of step, see match).
 	postq           [nccl.MaxRequests]int8
 	postHead, postN int
 
@@ -291,20 +312,31 @@ func (r *recvComm) match() bool {
 	if size > ctrlLen && !r.canStripe() {
 		return false // a stream queue is full: match once it drained
 	}
-	q := r.reqs.At(int(r.postq[r.postHead]))
-	slot := -1
-	for i := 0; i < q.n; i++ {
-		if !q.filled[i] && q.bufs[i].tag == tag {
-			slot = i
+	// The oldest posted receive with a free buffer for the tag takes the
+	// message (nearly always the oldest of all): per-tag order, as NCCL's IB
+	// transport matches a send to the first clear-to-send whose buffer with
+	// its tag is free, so that the senders of a grouped receive with
+	// distinct tags need not keep in step.
+	var q *recvReq
+	at, slot := 0, -1
+	for ; at < r.postN; at++ {
+		q = r.reqs.At(int(r.postq[(r.postHead+at)%nccl.MaxRequests]))
+		if slot = q.free(tag); slot >= 0 {
 			break
 		}
 	}
 	if slot < 0 {
+		for k := 0; k < r.postN; k++ {
+			if r.reqs.At(int(r.postq[(r.postHead+k)%nccl.MaxRequests])).has(tag) {
+				return false // every buffer with the tag has its message: wait for the next receive
+			}
+		}
+		q = r.reqs.At(int(r.postq[r.postHead]))
 		tags := make([]int, q.n)
 		for i := range tags {
 			tags[i] = q.bufs[i].tag
 		}
-		r.fail(nccl.InvalidUsage, "a message from %s with tag %d matches no free buffer of the oldest posted receive (tags %v): "+
+		r.fail(nccl.InvalidUsage, "a message from %s with tag %d matches no buffer of the posted receives (the oldest has tags %v): "+
 			"the sender's tags and the receiver's disagree", r.peer, tag, tags)
 		return false
 	}
@@ -313,7 +345,15 @@ func (r *recvComm) match() bool {
 	q.filled[slot] = true
 	q.matched++
 	if q.matched == q.n {
-		r.postHead = (r.postHead + 1) % nccl.MaxRequests
+		// It leaves postq now, wherever it is: Test may free it once it
+		// completes, and its id come back in a new receive.
+		if at == 0 {
+			r.postHead = (r.postHead + 1) % nccl.MaxRequests
+		} else {
+			for k := at; k < r.postN-1; k++ {
+				r.postq[(r.postHead+k)%nccl.MaxRequests] = r.postq[(r.postHead+k+1)%nccl.MaxRequests]
+			}
+		}
 		r.postN--
 	}
 	dst := q.bufs[slot].p

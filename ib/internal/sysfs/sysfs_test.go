@@ -7,29 +7,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/sysfs/sysfstest"
 )
 
-// fixture is testdata/sys copied to a temporary directory with what a Go
-// module zip cannot carry added: the PCI device directories (their names
-// contain ':') and the class/infiniband/*/device links to them (links are
-// left out of module zips). Kept in the tree, they made the module
-// impossible to fetch with go get (TestModuleZipSafePaths in internal/modzip).
-func fixture(t *testing.T) string {
-	t.Helper()
-	root := t.TempDir()
-	require.NoError(t, os.CopyFS(root, os.DirFS("testdata/sys")))
-	for dev, pci := range map[string]string{
-		"mlx5_0": "pci0000:00/0000:00:03.0/0000:03:00.0",
-		"mlx5_1": "pci0000:00/0000:00:04.0/0000:04:00.1",
-	} {
-		require.NoError(t, os.MkdirAll(filepath.Join(root, "devices", pci), 0o755))
-		require.NoError(t, os.Symlink("../../../devices/"+pci, filepath.Join(root, "class", "infiniband", dev, "device")))
-	}
-	return root
-}
-
 func TestFixtureTree(t *testing.T) {
-	fs := New(fixture(t))
+	fs := New(sysfstest.Tree(t))
 	p, err := fs.PCIPath("mlx5_0")
 	require.NoError(t, err)
 	assert.Equal(t, "/sys/devices/pci0000:00/0000:00:03.0/0000:03:00.0", p)
