@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -58,68 +59,36 @@ func TestGroupedTagsInterleaved(t *testing.T) {
 	require.Equal(t, "B2", string(bufs[3][:2]))
 }
 
-// TestGroupedTagAheadWaitsForItsReceive: with only the first grouped receive
-// posted, a second message for a tag whose buffer already has one waits for
-// the next receive (as an IB send waits for its clear-to-send) instead of
-// failing the connection, and lands there once it is posted; a tag that no
-// posted receive carries still fails.
-func TestGroupedTagAheadWaitsForItsReceive(t *testing.T) {
+// TestGroupedTagAheadOfItsReceiveFails: with only the first grouped receive
+// posted, a second message for the tag whose buffer already has one fails
+// the connection with InvalidUsage, as a tag no posted receive carries does.
+// It cannot wait for a later receive as an IB send does: the control stream
+// is ordered, and the message the first receive lacks (B1) is behind it
+// (FuzzControlStream found the receive that then never completes).
+func TestGroupedTagAheadOfItsReceiveFails(t *testing.T) {
 	withEnv(t, map[string]string{envNThreads: "0"})
 	tr := initLoopback(t, &captureLog{})
 	s, r := pair(t, tr)
-	bufs := make([][]byte, 4)
-	for i := range bufs {
-		bufs[i] = make([]byte, 64)
-	}
-	post := func(g int) nccl.Request {
-		q, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(bufs[2*g]), Size: 64, Tag: 1}, {Data: bufPtr(bufs[2*g+1]), Size: 64, Tag: 2}})
-		require.NoError(t, err)
-		return q
-	}
-	src := []byte("A1A2B1B2")
+	bufs := [][]byte{make([]byte, 64), make([]byte, 64)}
+	first, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(bufs[0]), Size: 64, Tag: 1}, {Data: bufPtr(bufs[1]), Size: 64, Tag: 2}})
+	require.NoError(t, err)
+	src := []byte("A1A2B1")
 	var sends []nccl.Request
-	send := func(i, tag int) {
+	for i, tag := range []int{1, 1, 2} {
 		q, err := s.Isend(bufPtr(src[2*i:]), 2, tag, 0)
 		require.NoError(t, err)
 		sends = append(sends, q)
 	}
 	sizes := make([]int, 2)
-	poll := func(q nccl.Request) bool {
-		for _, sq := range sends {
-			s.Test(sq)
-		}
-		d, err := r.Test(q, sizes)
-		require.NoError(t, err, "a message ahead of its receive must wait, not fail the connection")
-		return d
-	}
-	first := post(0)
-	send(0, 1)
-	send(1, 1) // A2: the first receive's tag-1 buffer is A1's
-	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); {
-		require.False(t, poll(first), "the first receive lacks its tag-2 message")
-	}
-	second := post(1)
-	send(2, 2)
-	send(3, 2)
-	deadline := time.Now().Add(5 * time.Second)
-	for _, q := range []nccl.Request{first, second} {
-		for !poll(q) {
-			require.True(t, time.Now().Before(deadline), "a receive never completed")
-		}
-		require.Equal(t, []int{2, 2}, sizes)
-	}
-	require.Equal(t, "A1", string(bufs[0][:2]))
-	require.Equal(t, "B1", string(bufs[1][:2]))
-	require.Equal(t, "A2", string(bufs[2][:2]))
-	require.Equal(t, "B2", string(bufs[3][:2]))
-
-	third := post(0)
-	send(0, 7)
-	var err error
 	for end := time.Now().Add(5 * time.Second); err == nil && time.Now().Before(end); {
-		_, err = r.Test(third, sizes)
+		for _, q := range sends {
+			s.Test(q)
+		}
+		var done bool
+		done, err = r.Test(first, sizes)
+		require.False(t, done, "B1 is behind A2 on the stream")
 	}
-	require.Error(t, err, "a tag no posted receive carries")
-	require.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
-	require.Contains(t, err.Error(), "tag 7 matches no buffer of the posted receives")
+	require.Error(t, err, "the receive neither completed nor failed")
+	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err))
+	assert.Contains(t, err.Error(), "tag 1 matches no free buffer of the posted receives")
 }

@@ -40,16 +40,6 @@ func (q *recvReq) free(tag int) int {
 	return -1
 }
 
-// has says whether a buffer of q carries tag.
-func (q *recvReq) has(tag int) bool {
-	for i := 0; i < q.n; i++ {
-		if q.bufs[i].tag == tag {
-			return true
-		}
-	}
-	return false
-}
-
 // stageSize is the control stream's read buffer: headers and inline
 // payloads are read in bulk (many small messages per recv syscall) and copied
 // out; long payloads are read straight into the destination.
@@ -326,18 +316,16 @@ func (r *recvComm) match() bool {
 		}
 	}
 	if slot < 0 {
-		for k := 0; k < r.postN; k++ {
-			if r.reqs.At(int(r.postq[(r.postHead+k)%nccl.MaxRequests])).has(tag) {
-				return false // every buffer with the tag has its message: wait for the next receive
-			}
-		}
+		// Not waiting for a later receive, as an IB send would: this is one
+		// ordered stream, and every message behind this one would wait
+		// with it, those the posted receives lack included.
 		q = r.reqs.At(int(r.postq[r.postHead]))
 		tags := make([]int, q.n)
 		for i := range tags {
 			tags[i] = q.bufs[i].tag
 		}
-		r.fail(nccl.InvalidUsage, "a message from %s with tag %d matches no buffer of the posted receives (the oldest has tags %v): "+
-			"the sender's tags and the receiver's disagree", r.peer, tag, tags)
+		r.fail(nccl.InvalidUsage, "a message from %s with tag %d matches no free buffer of the posted receives (the oldest has tags %v): "+
+			"the sender's tags and the receiver's disagree, or the sender is further ahead than the receives posted", r.peer, tag, tags)
 		return false
 	}
 	r.sr += hdrLen
