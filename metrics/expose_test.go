@@ -136,12 +136,18 @@ func TestLocalRankFallsBackPastBadValues(t *testing.T) {
 	assert.Equal(t, 0, LocalRank(nil))
 }
 
-func TestPortInUseWarnsAndKeepsWorking(t *testing.T) {
-	stopAll(t)
+// takenPort is a port of 127.0.0.1 that a listener holds until t ends.
+func takenPort(t *testing.T) int {
+	t.Helper()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer busy.Close()
-	port := busy.Addr().(*net.TCPAddr).Port
+	t.Cleanup(func() { busy.Close() })
+	return busy.Addr().(*net.TCPAddr).Port
+}
+
+func TestPortInUseWarnsAndKeepsWorking(t *testing.T) {
+	stopAll(t)
+	port := takenPort(t)
 	dir := t.TempDir()
 	setEnv(t, map[string]string{
 		"NCCL_GO_METRICS_PORT":         strconv.Itoa(port - 2),

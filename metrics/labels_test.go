@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -61,10 +60,7 @@ func TestNonUTF8NamesStayDistinct(t *testing.T) {
 // by someone else, and the base port is the thing to change.
 func TestPortInUseWithoutALocalRankNamesTheLocalRankVariable(t *testing.T) {
 	stopAll(t)
-	busy, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer busy.Close()
-	port := busy.Addr().(*net.TCPAddr).Port
+	port := takenPort(t)
 
 	setEnv(t, map[string]string{"NCCL_GO_METRICS_PORT": strconv.Itoa(port)})
 	log := &recLogger{}

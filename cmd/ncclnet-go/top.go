@@ -165,15 +165,14 @@ func expandAddr(a string) ([]string, error) {
 		}
 		// An IPv6 address takes brackets ([::1]:9400): without them its
 		// last group would be read as the port ("::1" as host ":", port 1).
-		bracketed := len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']'
-		bare := host
+		bare, bracketed := host, len(host) > 2 && host[0] == '[' && host[len(host)-1] == ']'
 		if bracketed {
 			bare = host[1 : len(host)-1]
 		}
-		if strings.ContainsAny(bare, "[]") || strings.Contains(bare, ":") != bracketed {
-			if !bracketed && strings.Contains(bare, ":") {
-				return nil, fmt.Errorf("%q is not host:port, a port, host:port-port or a URL (an IPv6 address goes in brackets, as in [::1]:9400)", a)
-			}
+		switch {
+		case !bracketed && strings.Contains(host, ":"):
+			return nil, fmt.Errorf("%q is not host:port, a port, host:port-port or a URL (an IPv6 address goes in brackets, as in [::1]:9400)", a)
+		case strings.ContainsAny(bare, "[]") || bracketed && !strings.Contains(bare, ":"):
 			return nil, fmt.Errorf("%q is not host:port, a port, host:port-port or a URL", a)
 		}
 	}
