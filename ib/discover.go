@@ -28,8 +28,9 @@ func (t *Transport) discoverLocked() error {
 	if peerMem {
 		t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : GPU peer memory available (%s): NCCL_PTR_CUDA supported", peerFile)
 	}
+	var seen hcaSeen
 	for _, name := range names {
-		h, err := t.openHCA(name, filter, gcfg)
+		h, err := t.openHCA(name, filter, gcfg, &seen)
 		if err != nil {
 			t.log.Warnf("NET/GoIB : skipping %s: %v", name, err)
 			continue
@@ -40,6 +41,11 @@ func (t *Transport) discoverLocked() error {
 	}
 	for _, h := range t.hcas {
 		t.devs = append(t.devs, h.ports...)
+	}
+	if filterSpec != "" {
+		for _, w := range seen.filterWarnings(filter, filterSpec, len(t.devs)) {
+			t.log.Warnf("NET/GoIB : %s", w)
+		}
 	}
 	if len(t.devs) == 0 {
 		why := "no ACTIVE IB or RoCE port"
@@ -84,7 +90,7 @@ func (t *Transport) discoverLocked() error {
 
 // openHCA opens one device and returns it with its usable ports, or nil
 // when none qualifies.
-func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca, error) {
+func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig, seen *hcaSeen) (*hca, error) {
 	ctx, err := t.provider.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("ibv_open_device: %v", err)
@@ -103,6 +109,7 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca
 	if err != nil {
 		return nil, fmt.Errorf("ibv_query_device: %v", err)
 	}
+	seen.ports = append(seen.ports, hcaPorts{name: name, count: h.attr.PhysPortCnt})
 	for port := 1; port <= h.attr.PhysPortCnt; port++ {
 		pa, err := ctx.QueryPort(port)
 		if err != nil {
@@ -111,6 +118,9 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig) (*hca
 		}
 		if !filter.match(name, port) {
 			t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoIB : %s:%d excluded by NCCL_IB_HCA", name, port)
+			if pa.State == verbs.PortActive && (pa.LinkLayer == verbs.LinkInfiniBand || pa.LinkLayer == verbs.LinkEthernet) {
+				seen.excluded = append(seen.excluded, fmt.Sprintf("%s:%d", name, port))
+			}
 			continue
 		}
 		if pa.State != verbs.PortActive {

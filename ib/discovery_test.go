@@ -442,3 +442,53 @@ func TestPortSpeedXDRFromActiveSpeedEx(t *testing.T) {
 		})
 	}
 }
+
+// An NCCL_IB_HCA that selects none of the host's usable ports (a typo, a
+// port the card lacks, an exclusion of everything) used to leave the ib
+// transport without a device and the job on the socket fallback with INFO
+// lines only: at NCCL_DEBUG=WARN the job silently ran over TCP.
+func TestHCAFilterSelectingNothingWarns(t *testing.T) {
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0"})
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1", Ports: 2})
+	down := f.AddDevice(softnic.DeviceConfig{Name: "mlx5_2"})
+	down.SetPortState(1, verbs.PortDown)
+	init := func(spec string) (*captureLog, error) {
+		setEnv(t, "NCCL_IB_HCA", spec)
+		log := &captureLog{}
+		err := NewWithOptions(Options{Provider: f.Provider(verbs.Features{}), SysfsRoot: t.TempDir()}).Init(nccl.InitContext{Log: log})
+		return log, err
+	}
+	for _, spec := range []string{"mlx5_O", "=mlx5_0:3", "^mlx5", "^=mlx5_0,mlx5_1"} {
+		log, err := init(spec)
+		assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%s: %v", spec, err)
+		assert.Equal(t, 1, log.count("WARN NET/GoIB : NCCL_IB_HCA="+spec+" selects none of this host's ACTIVE RDMA ports (mlx5_0:1, mlx5_1:1, mlx5_1:2;"), "%s:\n%s", spec, log)
+		assert.True(t, log.has("falls back to the socket transport (TCP) unless NCCL_GO_TRANSPORT=ib"), log.String())
+	}
+	log, _ := init("=mlx5_0:3")
+	assert.True(t, log.has("WARN NET/GoIB : NCCL_IB_HCA==mlx5_0:3: entry mlx5_0:3 names a port that mlx5_0 (ports 1-1) does not have"), log.String())
+
+	// A port the card lacks is worth a WARN even when other entries select
+	// something; a port that one of the prefix's HCAs has is not.
+	log, err := init("mlx5_0:3,mlx5_1")
+	require.NoError(t, err)
+	assert.True(t, log.has("entry mlx5_0:3 names a port that mlx5_0 (ports 1-1) does not have"), log.String())
+	assert.False(t, log.has("selects none"), log.String())
+	for _, spec := range []string{"mlx5_0", "mlx5:2", "^mlx5_1", "mlx5_9:1,mlx5_0"} {
+		log, err = init(spec)
+		require.NoError(t, err, spec)
+		assert.Zero(t, log.count("WARN"), "%s:\n%s", spec, log)
+	}
+	// Selecting only the DOWN port while others are ACTIVE is the same mistake.
+	log, err = init("mlx5_2")
+	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
+	assert.True(t, log.has("NCCL_IB_HCA=mlx5_2 selects none of this host's ACTIVE RDMA ports (mlx5_0:1, mlx5_1:1, mlx5_1:2;"), log.String())
+
+	// Only DOWN ports left out: the filter is not why there is no device.
+	f = softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_0"}).SetPortState(1, verbs.PortDown)
+	f.AddDevice(softnic.DeviceConfig{Name: "mlx5_1"}).SetPortState(1, verbs.PortDown)
+	log, err = init("mlx5_1")
+	assert.True(t, errors.Is(err, nccl.ErrNoDevice), "%v", err)
+	assert.Zero(t, log.count("WARN"), log.String())
+}

@@ -57,3 +57,58 @@ func (f hcaFilter) match(dev string, port int) bool {
 	}
 	return f.list.Match(dev, port)
 }
+
+// hcaSeen is what discovery found besides the ports it kept, for the
+// NCCL_IB_HCA warnings: every device with its port count, and the ACTIVE IB
+// or RoCE ports the filter left out.
+type hcaSeen struct {
+	ports    []hcaPorts
+	excluded []string // "<hca>:<port>"
+}
+
+type hcaPorts struct {
+	name  string
+	count int
+}
+
+// filterWarnings says where NCCL_IB_HCA (spec, set) selects something other
+// than what it probably meant: an entry naming a port its HCA does not have
+// (mlx5_0:3 on a one-port card: NCCL silently uses no port of it), and a
+// filter that leaves out every usable port, after which the job silently runs
+// on the socket fallback (TCP) at a fraction of the fabric's bandwidth, with
+// only INFO lines saying so (NCCL's IB transport is as quiet: "NET/IB : No
+// device found."). kept is how many ports the filter let through.
+func (s hcaSeen) filterWarnings(f hcaFilter, spec string, kept int) []string {
+	var out []string
+	if !f.list.Exclude {
+		for _, e := range f.list.Entries {
+			if e.Port <= 0 {
+				continue
+			}
+			var named []string
+			found := false
+			for _, p := range s.ports {
+				if !(p.name == e.Name || !f.list.Exact && strings.HasPrefix(p.name, e.Name)) {
+					continue
+				}
+				named = append(named, fmt.Sprintf("%s (ports 1-%d)", p.name, p.count))
+				found = found || e.Port <= p.count
+			}
+			if len(named) > 0 && !found {
+				out = append(out, fmt.Sprintf("%s=%s: entry %s:%d names a port that %s does not have, so it selects nothing; "+
+					"give a port the HCA has, or the name alone for every port", envHCA.Name(), spec, e.Name, e.Port, strings.Join(named, ", ")))
+			}
+		}
+	}
+	if kept == 0 && len(s.excluded) > 0 {
+		var all []string
+		for _, p := range s.ports {
+			all = append(all, p.name)
+		}
+		out = append(out, fmt.Sprintf("%s=%s selects none of this host's ACTIVE RDMA ports (%s; HCAs: %s), so the ib transport has no device "+
+			"and the job falls back to the socket transport (TCP) unless NCCL_GO_TRANSPORT=ib; fix %s (names are prefixes, \"=\" makes them exact, "+
+			"\"^\" excludes; `ncclnet-go devices` shows what it selects) or unset it",
+			envHCA.Name(), spec, strings.Join(s.excluded, ", "), strings.Join(all, ", "), envHCA.Name()))
+	}
+	return out
+}

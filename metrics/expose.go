@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -71,6 +72,10 @@ type exporter struct {
 	interval time.Duration
 	stop     chan struct{}
 	done     chan struct{}
+	// wrote is set once a write of textfile succeeded: only then is there a
+	// file for close to remove (a directory that never took one, read-only
+	// say, is not left holding stale values).
+	wrote atomic.Bool
 }
 
 var state struct {
@@ -445,6 +450,9 @@ func (e *exporter) textfileLoop(failing bool) {
 // run of failures is a WARN; a full disk must not flood NCCL's log.
 func (e *exporter) writeTextfile(failing bool) bool {
 	err := prometheus.WriteToTextfile(e.textfile, e.treg)
+	if err == nil {
+		e.wrote.Store(true)
+	}
 	switch {
 	case err != nil && !failing:
 		e.log.Warnf("NET/Go : metrics: cannot write %s: %v; will retry every %v (check %s)", e.textfile, err, e.interval, envTextfileDir)
@@ -466,6 +474,9 @@ func (e *exporter) close() {
 	if e.stop != nil {
 		close(e.stop)
 		<-e.done
+		if !e.wrote.Load() {
+			return // never written: nothing to remove, nothing stale
+		}
 		if err := os.Remove(e.textfile); err != nil && !os.IsNotExist(err) {
 			e.log.Warnf("NET/Go : metrics: cannot remove %s: %v; node_exporter will keep exporting its stale values until it is deleted", e.textfile, err)
 		}

@@ -548,3 +548,37 @@ func gatherer() prometheus.Gatherer {
 	}
 	return state.exp.reg
 }
+
+// A textfile directory that never took a write (mounted read-only into the
+// container, say) leaves no file behind, so the last Stop has nothing to
+// remove. It used to try anyway and, where the removal failed with another
+// error than "does not exist" (EROFS on a read-only mount, ENOTDIR here),
+// WARN that node_exporter "will keep exporting its stale values", of a file
+// that never existed.
+func TestTextfileNeverWrittenIsNotReportedStale(t *testing.T) {
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	require.NoError(t, os.WriteFile(notDir, nil, 0o644))
+	log := &recLogger{}
+	e := &exporter{log: log, treg: newRegistry(testInfo, 0, nil), textfile: filepath.Join(notDir, "x.prom"), interval: time.Hour,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go e.textfileLoop(!e.writeTextfile(false))
+	e.close()
+	require.Len(t, log.Warns(), 1, "%q", log.Warns())
+	assert.Contains(t, log.Warns()[0], "cannot write "+e.textfile)
+
+	// Once a write succeeded, a failed removal is still reported.
+	log = &recLogger{}
+	sub := filepath.Join(dir, "sub")
+	require.NoError(t, os.Mkdir(sub, 0o755))
+	e = &exporter{log: log, treg: newRegistry(testInfo, 0, nil), textfile: filepath.Join(sub, "x.prom"), interval: time.Hour,
+		stop: make(chan struct{}), done: make(chan struct{})}
+	go e.textfileLoop(!e.writeTextfile(false))
+	require.FileExists(t, e.textfile)
+	require.NoError(t, os.Remove(e.textfile))
+	require.NoError(t, os.Mkdir(e.textfile, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(e.textfile, "keep"), nil, 0o644))
+	e.close()
+	require.Len(t, log.Warns(), 1, "%q", log.Warns())
+	assert.Contains(t, log.Warns()[0], "cannot remove "+e.textfile)
+}

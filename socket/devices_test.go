@@ -125,6 +125,41 @@ func TestInitNoDevice(t *testing.T) {
 	assert.Equal(t, 0, tr.Devices())
 }
 
+// NCCL_SOCKET_IFNAME naming an interface that exists but cannot be used
+// (down, no carrier, no address of NCCL_SOCKET_FAMILY) used to get the same
+// WARN as a typo, "no interface matches ... (or none is up and running with
+// an address)", leaving the operator to guess which; it now says, per
+// selected interface, why it was not taken.
+func TestInitNoDeviceSaysWhySelectedInterfacesAreUnusable(t *testing.T) {
+	down := up("dn0", 3, "10.9.0.1")
+	down.Up, down.Running = false, false
+	nocarrier := up("nc0", 4, "10.7.0.1")
+	nocarrier.Running = false
+	v4only := up("v4a", 5, "10.8.0.1")
+	ll := up("ll0", 6, "fe80::1")
+	lo6 := up("lo", 1, "127.0.0.1", "::1")
+	host := fakeIfaces{lo6, up("eth0", 2, "10.0.0.2"), down, nocarrier, v4only, ll}
+	for _, c := range []struct {
+		env  map[string]string
+		want string // after "(or none is up and running with an address"
+	}{
+		{map[string]string{envIfname: "dn0"}, ": dn0 is down)"},
+		{map[string]string{envIfname: "=nc0,dn0"}, ": dn0 is down, nc0 is up but not running (no carrier))"},
+		{map[string]string{envIfname: "v4a", envFamily: "AF_INET6"}, " of family AF_INET6 (NCCL_SOCKET_FAMILY): v4a has no AF_INET6 address)"},
+		{map[string]string{envIfname: "lo", envFamily: "AF_INET6"}, " of family AF_INET6 (NCCL_SOCKET_FAMILY): lo has no AF_INET6 address but loopback, which NCCL skips)"},
+		{map[string]string{envIfname: "ll0", envFamily: "AF_INET"}, " of family AF_INET (NCCL_SOCKET_FAMILY): ll0 has no AF_INET address)"},
+		{map[string]string{envIfname: "nosuch"}, "); set NCCL_SOCKET_IFNAME"}, // a typo: nothing to explain
+	} {
+		withEnv(t, c.env)
+		log := &captureLog{}
+		tr := &Transport{sysRoot: "testdata/sys", ifaces: host}
+		err := tr.Init(nccl.InitContext{Log: log})
+		require.True(t, errors.Is(err, nccl.ErrNoDevice), "%v: %v", c.env, err)
+		assert.Contains(t, log.String(), "WARN NET/GoSocket : no interface matches NCCL_SOCKET_IFNAME="+c.env[envIfname]+
+			" (or none is up and running with an address"+c.want, "%v", c.env)
+	}
+}
+
 func TestStreamCount(t *testing.T) {
 	log := &captureLog{}
 	auto := int(autoThreads(runtime.NumCPU())) * defaultNSocks

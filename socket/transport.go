@@ -10,6 +10,7 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/clock"
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclenv"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -54,8 +55,14 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 	devs, how := findDevices(ifs, t.log)
 	if len(devs) == 0 {
 		if v, ok := ncclenv.Value(envIfname); ok && len(v) > 1 {
-			t.log.Warnf("NET/GoSocket : no interface matches %s=%s (or none is up and running with an address%s); "+
-				"set %s to an interface of this host (see `ip addr`)", envIfname, v, familyHint(t.log), envIfname)
+			// Say which selected interfaces were unusable and why: "dn0
+			// is down" tells more than "none is up".
+			why := ""
+			if u := ncclsock.Unusable(ifs, ncclsock.Options{}); len(u) > 0 {
+				why = ": " + strings.Join(u, ", ")
+			}
+			t.log.Warnf("NET/GoSocket : no interface matches %s=%s (or none is up and running with an address%s%s); "+
+				"set %s to an interface of this host (see `ip addr`)", envIfname, v, familyHint(t.log), why, envIfname)
 		} else {
 			t.log.Warnf("NET/GoSocket : no usable network interface found (none is up and running with an address%s); "+
 				"set %s to the interface to use", familyHint(t.log), envIfname)

@@ -263,3 +263,53 @@ func splitHostPort(s string) (host, zone string, err error) {
 	}
 	return host, "", nil
 }
+
+// Unusable explains an empty Find under NCCL_SOCKET_IFNAME: the interfaces
+// its list selects that Find could not use, each with why ("dn0 is down",
+// "eth1 is up but not running (no carrier)", "eth2 has no AF_INET6
+// address"), in getifaddrs order. nil when NCCL_SOCKET_IFNAME is unset or
+// ignored, or when it selects no interface at all (a typo: the name is the
+// problem). WARNs about the settings are left to Find.
+func Unusable(ifs []Interface, o Options) []string {
+	v, ok := ncclenv.Lookup(IfName.Name())
+	if v = strings.TrimSpace(v); !ok || len(v) <= 1 {
+		return nil
+	}
+	l := IfName.Parse(nil, "", v)
+	fam := ReadFamily(nil, "")
+	var out []string
+	for _, i := range ifs {
+		if !l.Match(i.Name, -1) {
+			continue
+		}
+		switch {
+		case !i.Up:
+			out = append(out, i.Name+" is down")
+		case !i.Running:
+			out = append(out, i.Name+" is up but not running (no carrier)")
+		default:
+			_, ok4 := firstAddr(i, ncclenv.IPv4, o.SkipLinkLocal)
+			_, ok6 := firstAddr(i, ncclenv.IPv6, o.SkipLinkLocal)
+			switch {
+			case fam == ncclenv.IPv4 && !ok4:
+				out = append(out, i.Name+" has no AF_INET address")
+			case fam == ncclenv.IPv6 && !ok6 && hasLoopback6(i):
+				out = append(out, i.Name+" has no AF_INET6 address but loopback, which NCCL skips")
+			case fam == ncclenv.IPv6 && !ok6:
+				out = append(out, i.Name+" has no AF_INET6 address")
+			case !ok4 && !ok6:
+				out = append(out, i.Name+" has no usable address")
+			}
+		}
+	}
+	return out
+}
+
+func hasLoopback6(i Interface) bool {
+	for _, p := range i.Addrs {
+		if a := p.Addr().Unmap(); a.Is6() && a.IsLoopback() {
+			return true
+		}
+	}
+	return false
+}
