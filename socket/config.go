@@ -200,7 +200,7 @@ func init() {
 // (-2, or unset) picks our measured default; 0 threads means no data streams:
 // every byte goes over the control stream on NCCL's thread.
 func streamCount(log nccl.Logger) int {
-	nt := readAuto(log, nThreads, autoThreads(runtime.NumCPU()))
+	nt := readAuto(log, nThreads, autoThreads(usableCPUs()))
 	ns := readAuto(log, nSocks, defaultNSocks)
 	if nt > maxThreads {
 		log.Warnf("%s : %s=%d is greater than the maximum allowed, using %d", logPrefix, envNThreads, nt, maxThreads)
@@ -213,8 +213,19 @@ func streamCount(log nccl.Logger) int {
 	return int(nt * ns)
 }
 
+// numCPU is runtime.NumCPU; a variable so that a test can play a big host.
+var numCPU = runtime.NumCPU
+
+// usableCPUs is the CPU count the autos go by: the CPUs the Go runtime's
+// threads may run on (runtime.NumCPU: the affinity mask of the thread that
+// loaded the library), lowered to GOMAXPROCS. Under a cgroup CPU quota (a
+// container's CPU limit) the runtime sets GOMAXPROCS to the quota (Go 1.25+)
+// while NumCPU still counts every CPU of the node, and a pod limited to two
+// CPUs on a 64-core node has no cores to spare for helpers.
+func usableCPUs() int { return min(numCPU(), runtime.GOMAXPROCS(0)) }
+
 // autoThreads is NCCL_SOCKET_NTHREADS's "auto" for a host with ncpu CPUs
-// (runtime.NumCPU: the CPUs this process may run on).
+// (usableCPUs).
 func autoThreads(ncpu int) int64 {
 	if ncpu < minCPUsForStreams {
 		return 0
@@ -243,7 +254,7 @@ func helloTimeout(log nccl.Logger) time.Duration {
 // defaultHelpers, on hosts with minCPUsForHelpers CPUs or more; none below,
 // where every extra runnable thread takes a core from NCCL's.
 func helperCount(log nccl.Logger, streams int) int {
-	return min(int(readAuto(log, helpers, autoHelpers(runtime.NumCPU()))), streams)
+	return min(int(readAuto(log, helpers, autoHelpers(usableCPUs()))), streams)
 }
 
 // shareAfterNs is NCCL_GO_SOCKET_SHARE_AFTER in nanoseconds.

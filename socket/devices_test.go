@@ -162,7 +162,7 @@ func TestInitNoDeviceSaysWhySelectedInterfacesAreUnusable(t *testing.T) {
 
 func TestStreamCount(t *testing.T) {
 	log := &captureLog{}
-	auto := int(autoThreads(runtime.NumCPU())) * defaultNSocks
+	auto := int(autoThreads(usableCPUs())) * defaultNSocks
 	for _, c := range []struct {
 		env  map[string]string
 		want int
@@ -189,7 +189,7 @@ func TestStreamCount(t *testing.T) {
 	assert.Contains(t, log.String(), "WARN NET/GoSocket : NCCL_SOCKET_NTHREADS=20 is greater than the maximum allowed, using 16")
 	assert.Contains(t, log.String(), "WARN NET/GoSocket : NCCL_SOCKET_NTHREADS × NCCL_NSOCKS_PERTHREAD = 12×6 is more than 64 streams; using NCCL_NSOCKS_PERTHREAD=5")
 	withEnv(t, map[string]string{envHelpers: "-1"})
-	assert.Equal(t, min(int(autoHelpers(runtime.NumCPU())), 2), helperCount(log, 2))
+	assert.Equal(t, min(int(autoHelpers(usableCPUs())), 2), helperCount(log, 2))
 	assert.Contains(t, log.String(), "WARN NET/GoSocket : ignoring NCCL_GO_SOCKET_HELPERS=-1")
 	withEnv(t, map[string]string{envHelpers: "9"})
 	assert.Equal(t, 2, helperCount(log, 2), "at most one helper per stream")
@@ -197,4 +197,25 @@ func TestStreamCount(t *testing.T) {
 	assert.Equal(t, int64(0), autoThreads(minCPUsForStreams-1))
 	assert.Equal(t, int64(defaultNThreads), autoThreads(minCPUsForStreams))
 	assert.Equal(t, int64(defaultNThreads), autoThreads(128))
+}
+
+// A container's CPU quota: the runtime sets GOMAXPROCS to it (Go 1.25+) while
+// runtime.NumCPU counts the whole node. The autos follow the quota: a pod with
+// two CPUs on a 64-core node gets no data streams and no helpers (they went by
+// NumCPU alone and gave it 4 of each per connection end).
+func TestAutosFollowGOMAXPROCSUnderACPUQuota(t *testing.T) {
+	old := numCPU
+	t.Cleanup(func() { numCPU = old })
+	numCPU = func() int { return 64 }
+	prev := runtime.GOMAXPROCS(2)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	withEnv(t, nil)
+	log := &captureLog{}
+	assert.Equal(t, 0, streamCount(log), "2 usable CPUs: no data streams")
+	assert.Equal(t, 0, helperCount(log, 4), "2 usable CPUs: no helpers")
+	runtime.GOMAXPROCS(16)
+	assert.Equal(t, int(defaultNThreads)*defaultNSocks, streamCount(log), "16 usable CPUs: the big-host layout")
+	assert.Equal(t, min(int(defaultHelpers), 4), helperCount(log, 4))
+	numCPU = func() int { return 4 }
+	assert.Equal(t, 0, streamCount(log), "GOMAXPROCS above the CPUs the runtime may use adds none")
 }
