@@ -21,6 +21,10 @@ type connector struct {
 	done  chan struct{}
 	comm  *sendComm
 	err   error
+	// expiry releases the connector if NCCL never collects it; stopped
+	// when NCCL does, or its closure would keep the comm reachable (its
+	// memory and the timer) for 2 × NCCL_GO_TIMEOUT after NCCL closed it.
+	expiry *time.Timer
 }
 
 // Connect starts or continues a connection; see nccl.Transport. It never
@@ -44,6 +48,7 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 		select {
 		case <-c.done:
 			delete(t.pending, id)
+			c.expiry.Stop()
 		default:
 			t.pendMu.Unlock()
 			return nil, nil
@@ -69,6 +74,13 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 	}
 	c := &connector{token: randomU64(), done: make(chan struct{})}
 	id := randomU64()
+	// The dial ends within setupLimit; NCCL, which polls connect until it
+	// gets the comm, takes it at its next call. One still here a set-up bound
+	// later was abandoned (ncclCommAbort during set-up: NCCL never calls
+	// connect with this handle again), and only Finalize would release its
+	// QPs, memory and handshake connection, while the peer's receives, held
+	// alive by that connection, would wait for a sender that never comes.
+	c.expiry = time.AfterFunc(2*t.cfg.setupLimit, func() { t.expireConnector(id, c) })
 	t.pendMu.Lock()
 	t.pending[id] = c
 	t.pendMu.Unlock()
@@ -76,18 +88,12 @@ func (t *Transport) Connect(dev int, handle *nccl.Handle, opts nccl.ConnectOptio
 		c.comm, c.err = t.dial(devs, hi, opts)
 		close(c.done)
 	}) {
+		c.expiry.Stop()
 		t.pendMu.Lock()
 		delete(t.pending, id)
 		t.pendMu.Unlock()
 		return nil, errFinalized
 	}
-	// The dial ends within setupLimit; NCCL, which polls connect until it
-	// gets the comm, takes it at its next call. One still here a set-up bound
-	// later was abandoned (ncclCommAbort during set-up: NCCL never calls
-	// connect with this handle again), and only Finalize would release its
-	// QPs, memory and handshake connection, while the peer's receives, held
-	// alive by that connection, would wait for a sender that never comes.
-	time.AfterFunc(2*t.cfg.setupLimit, func() { t.expireConnector(id, c) })
 	le.put(hOffConnID, id)
 	le.put(hOffToken, c.token)
 	return nil, nil
@@ -218,6 +224,10 @@ func (t *Transport) dialRetry(addr netip.AddrPort, deadline time.Time) (net.Conn
 		}
 		sleep := t.cfg.dialSleep * time.Duration(i+1)
 		retryable := errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ETIMEDOUT) || errors.Is(err, syscall.EHOSTUNREACH)
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+			// Out of descriptors: the network is not the problem.
+			return nil, fmt.Errorf("connect to %v: %w; raise the open-files limit (ulimit -n)", addr, err)
+		}
 		if !retryable || i >= t.cfg.dialRetry || time.Now().Add(sleep).After(deadline) {
 			return nil, fmt.Errorf("connect to %v: %w (after %d retries within NCCL_GO_TIMEOUT=%v; check NCCL_SOCKET_IFNAME and firewalls)", addr, err, i, t.cfg.setupLimit)
 		}

@@ -152,6 +152,7 @@ func (t *Transport) Finalize() error {
 	t.pending = map[uint64]*connector{}
 	t.pendMu.Unlock()
 	for _, c := range pending {
+		c.expiry.Stop()
 		// Every dial has returned (wg), so done is closed.
 		if c.comm != nil {
 			_ = c.comm.Close()

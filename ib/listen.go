@@ -65,6 +65,10 @@ type listener struct {
 	comm    *recvComm
 	err     error
 	taken   bool
+	// expiry closes a comm Accept never took; stopped when Accept takes it
+	// or the listen closes, or its closure would keep the listen and the
+	// comm reachable for NCCL_GO_TIMEOUT after NCCL closed them.
+	expiry *time.Timer
 }
 
 func newListener(t *Transport, devs []*device, ln net.Listener) *listener {
@@ -174,7 +178,7 @@ func (l *listener) serve(conn net.Conn) {
 		// abandoned (ncclCommAbort during set-up, with a v8-v10 table whose
 		// listen NCCL never closes); release it, and with it the peer, whose
 		// sends would otherwise wait on a receiver that never comes.
-		time.AfterFunc(l.t.cfg.setupLimit, l.expire)
+		l.expiry = time.AfterFunc(l.t.cfg.setupLimit, l.expire)
 	}
 }
 
@@ -250,6 +254,9 @@ func (l *listener) Accept() (nccl.RecvComm, error) {
 		return nil, nccl.Errorf(nccl.InternalError, "NET/GoIB : accept called again on a listen that already returned its connection")
 	}
 	l.taken = true
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
 	if l.err != nil {
 		return nil, l.err
 	}
@@ -278,6 +285,9 @@ func (l *listener) Close() error {
 	}
 	l.wg.Wait()
 	l.mu.Lock()
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
 	if l.comm != nil && !l.taken {
 		_ = l.comm.Close()
 		l.comm = nil

@@ -47,7 +47,9 @@ type listener struct {
 	greeting []*greeting
 	conns    map[uint64]*incoming
 	ready    []accepted // complete, not yet handed out
-	fdWarned bool
+	// starved is when accept4 began failing for want of descriptors or
+	// kernel memory (0: it is not failing).
+	starved int64
 }
 
 // accepted is a connection whose streams all arrived: its comm, or why it
@@ -167,17 +169,31 @@ func (l *listener) acceptNew(t int64) error {
 		case err == unix.EINTR || err == unix.ECONNABORTED:
 			continue
 		case errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) || errors.Is(err, unix.ENOBUFS) || errors.Is(err, unix.ENOMEM):
-			// The connector keeps its connection until we can take it.
-			if !l.fdWarned {
-				l.fdWarned = true
-				l.log.Warnf("NET/GoSocket : accept on %s: %v; raise the open-files limit (ulimit -n)", l.addr, err)
+			// The connector keeps its connection until we can take it, if
+			// descriptors come free within the set-up bound (another
+			// communicator closing). A process that stays out of them
+			// would otherwise have NCCL call accept for ever, a silent hang
+			// (NCCL prints no WARN by default): past the bound it is
+			// accept's error, as NCCL's socketTryAccept fails at once.
+			bound := timeout.Bound(l.opts.timeout)
+			if l.starved == 0 {
+				l.starved = t
+				l.log.Warnf("NET/GoSocket : accept on %s: %v; raise the open-files limit (ulimit -n); "+
+					"retrying for %s=%v", l.addr, err, envTimeout, bound)
 			}
-			return nil
+			if t-l.starved < int64(bound) {
+				return nil
+			}
+			l.log.Warnf("NET/GoSocket : accept on %s failed for %v: %v; raise the open-files limit (ulimit -n). "+
+				"Each connection end uses 2 + %s × %s descriptors, plus one per helper (%s)",
+				l.addr, bound, err, envNThreads, envNSocks, envHelpers)
+			return nccl.Errorf(nccl.SystemError, "accept on %s: %w for %v (%s); raise the open-files limit (ulimit -n)",
+				l.addr, err, bound, envTimeout)
 		case err != nil:
 			l.log.Warnf("NET/GoSocket : accept on %s failed: %v", l.addr, err)
 			return nccl.Errorf(nccl.SystemError, "accept on %s: %w", l.addr, err)
 		}
-		l.fdWarned = false
+		l.starved = 0
 		if len(l.greeting) >= maxGreeting {
 			g := l.greeting[0]
 			l.log.Infof(nccl.SubsysNet, "NET/GoSocket : discarding connection from %s to %s: %d connections are already "+

@@ -116,14 +116,20 @@ func (c *core) init(cs conns, hi handleInfo, o sockOpts, log nccl.Logger, send b
 			c.streams[i].scratch = make([]byte, 64<<10)
 		}
 	}
-	if n := o.helpers; n > 0 && len(c.streams) > 0 {
-		c.helpers = make([]*helper, min(n, len(c.streams)))
+	if n := min(o.helpers, len(c.streams)); n > 0 {
+		n = helperBudget.take(n, log, c.peer)
+		if n == 0 {
+			return nil
+		}
+		c.helpers = make([]*helper, n)
 		for i := range c.helpers {
 			fd, err := helperEventfd.Get()()
 			if err != nil {
 				for _, h := range c.helpers[:i] {
 					unix.Close(h.evfd)
 				}
+				helperBudget.give(n)
+				c.helpers = nil
 				cs.close()
 				return nccl.Errorf(nccl.SystemError, "eventfd for a stream helper: %w", err)
 			}
@@ -236,6 +242,7 @@ func (c *core) close(mayKeep bool) error {
 	for _, h := range c.helpers {
 		unix.Close(h.evfd)
 	}
+	helperBudget.give(len(c.helpers))
 	d := c.drain
 	if !mayKeep || !healthy {
 		d = nil
