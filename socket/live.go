@@ -39,12 +39,20 @@ import (
 type liveness struct {
 	fd     int
 	pol    livePolicy
-	next   int64  // monotonic time of the next check
-	pingAt int64  // when the outstanding ping was written; 0 when none
-	closed bool   // the peer closed its end (EOF or reset)
-	calls  uint32 // checkLive calls, for reading the clock only every liveClockEvery
-	info   unix.TCPInfo
-	buf    [64]byte
+	next   int64 // monotonic time of the next check
+	pingAt int64 // when the outstanding ping was written; 0 when none
+	// ackedAt is when the peer's kernel last acknowledged anything before
+	// the outstanding ping (pingAt less the age of the last ACK then). A
+	// segment the peer sends while our ping stays unacknowledged (its own
+	// ping, or that ping's retransmissions) refreshes tcpi_last_ack_recv
+	// without answering ours: a host that cannot hear us (a one-way cut) is
+	// silent from here on, however much it talks.
+	ackedAt int64
+	silent  int64  // how long the peer had not answered, as of the last check
+	closed  bool   // the peer closed its end (EOF or reset)
+	calls   uint32 // checkLive calls, for reading the clock only every liveClockEvery
+	info    unix.TCPInfo
+	buf     [64]byte
 	// Counters for tests and docs: checks run, pings written.
 	checks, pings uint64
 }
@@ -67,47 +75,69 @@ func (l *liveness) due(t int64) bool { return t >= l.next }
 func (l *liveness) check(t int64) (liveState, error) {
 	l.next = t + l.pol.period
 	l.checks++
-	if l.closed {
-		return livePeerClosed, nil
+	if !l.closed {
+		if closed, err := readPings(l.fd, &l.buf); closed {
+			l.closed = true
+		} else if err != nil {
+			return liveDead, err
+		}
 	}
-	if closed, err := readPings(l.fd, &l.buf); closed {
-		l.closed = true
-		return livePeerClosed, nil
-	} else if err != nil {
-		return liveDead, err
-	}
-	if l.pol.timeout <= 0 {
-		return liveOK, nil
+	// After the peer's end of file only a ping of ours still unanswered is
+	// worth a look: a host that stopped hearing us (a one-way cut) may have
+	// closed its end on that account, and then the streams still owed bytes
+	// would wait for it through their keepalive, several quarters of the
+	// timeout more.
+	if l.pol.timeout <= 0 || l.closed && l.pingAt == 0 {
+		return l.alive(), nil
 	}
 	if err := tcpInfo(l.fd, &l.info); err != nil {
+		if l.closed {
+			return livePeerClosed, nil
+		}
 		return liveDead, err
 	}
 	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
+	l.silent = age
 	// A ping still in the send queue is outstanding too: with the local link
 	// down the kernel cannot transmit it, so it never counts as unacked, and
 	// without this the check would write another ping every period and never
 	// declare the silent peer dead (faults lane, link-down-timeout).
 	if l.info.Unacked > 0 || l.info.Notsent_bytes > 0 {
 		if l.pingAt == 0 {
-			l.pingAt = t
+			l.pingAt, l.ackedAt = t, t-age
 		}
-		if age >= l.pol.deadAfter && t-l.pingAt >= l.pol.grace {
+		// Silence counts from the last ACK before the ping, not the last
+		// segment: while the ping is unanswered, whatever else the peer
+		// sends answers nothing of ours.
+		l.silent = max(age, t-l.ackedAt)
+		if l.silent >= l.pol.deadAfter && t-l.pingAt >= l.pol.grace {
 			return liveDead, nil
 		}
-		return liveOK, nil
+		return l.alive(), nil
 	}
 	l.pingAt = 0
+	if l.closed {
+		return livePeerClosed, nil
+	}
 	if age >= l.pol.pingAfter {
 		n, err := sendSlice(l.fd, l.buf[:1])
 		if err != nil {
 			return liveDead, err
 		}
 		if n == 1 {
-			l.pingAt = t
+			l.pingAt, l.ackedAt = t, t-age
 			l.pings++
 		}
 	}
 	return liveOK, nil
+}
+
+// alive is a check's verdict on a peer not found dead.
+func (l *liveness) alive() liveState {
+	if l.closed {
+		return livePeerClosed
+	}
+	return liveOK
 }
 
 // readPings drains the peer's pings from a liveness stream (at most 16
@@ -129,7 +159,7 @@ func readPings(fd int, buf *[64]byte) (closed bool, err error) {
 // silentFor is how long the peer's kernel has not answered, as of the last
 // check (for the WARN that declares it dead).
 func (l *liveness) silentFor() time.Duration {
-	return time.Duration(l.info.Last_ack_recv) * time.Millisecond
+	return time.Duration(l.silent)
 }
 
 // setupLiveness applies the keepalive policy to a liveness stream.
