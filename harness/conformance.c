@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <math.h>
 #include <dirent.h>
+#include <poll.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1529,6 +1530,60 @@ static int chk_finalize(conf_t* c) {
   return 0;
 }
 
+/* ------------------------------------------------------- forked child init */
+
+/* Hosts fork after NCCL is up: PyTorch's DataLoader workers (the default
+ * "fork" start method), forked checkpoint writers. A child that then calls
+ * init must get an answer, success or an error it can act on (NCCL falls back
+ * to its internal transports), never a hang: a Go plugin's runtime does not
+ * run in a forked child, and one whose transport had ended (after the last
+ * finalize, as here from v11 on) blocked there forever. Rank 0 alone, after
+ * finalize; the child reports through a pipe and is killed if it hangs. */
+static int chk_fork_child_init(conf_t* c) {
+  if (do_load(c) != 0) return -1;
+  int p[2];
+  if (pipe(p) != 0) return fail(c, "pipe: %s", strerror(errno));
+  set_where(c->r, "fork, init in the child");
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return fail(c, "fork: %s", strerror(errno));
+  }
+  if (pid == 0) {
+    close(p[0]);
+    net_t n = c->n;
+    void* ctx = NULL;
+    int res = (int)net_init(&n, &ctx, 0x4242, false);
+    if (write(p[1], &res, sizeof res) != (ssize_t)sizeof res) _exit(2);
+    if (res == ncclSuccess) net_finalize(&n, ctx);
+    _exit(0);
+  }
+  close(p[1]);
+  /* Bounded by the rank's deadline, at most 15 s: an answer is immediate. */
+  double left = c->r->deadline_ns ? ((double)c->r->deadline_ns - (double)now_ns()) / 1e9 : 15;
+  int wait_ms = left > 15 ? 15000 : left < 1 ? 1000 : (int)(left * 1000);
+  struct pollfd pfd = {.fd = p[0], .events = POLLIN};
+  int pr;
+  while ((pr = poll(&pfd, 1, wait_ms)) < 0 && errno == EINTR) {
+  }
+  int res = -1;
+  ssize_t got = pr > 0 ? read(p[0], &res, sizeof res) : 0; /* 0 at EOF: the child died */
+  close(p[0]);
+  if (pr == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return fail(c, "init in a child forked after the plugin was loaded did not return within %d s: a worker process "
+                   "that calls NCCL hangs (a Go plugin's runtime does not run in a forked child: refuse there)",
+                wait_ms / 1000);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (got != (ssize_t)sizeof res) return fail(c, "the forked child died in init (%s)", wait_status_str(st, c->note, sizeof c->note));
+  snprintf(c->note, sizeof c->note, "(the child's init returned %s)", result_str((ncclResult_t)res));
+  return 0;
+}
+
 /* ------------------------------------------------------------ host signals */
 
 /* The process is NCCL's host's, and so are its signals. The Go runtime inside
@@ -1672,6 +1727,7 @@ static const check_t CHECKS[] = {
     {"peer-closed", chk_peer_closed, 8, 0},
     {"peer-killed", chk_peer_killed, 8, F_NOSYNC},
     {"finalize", chk_finalize, 11, F_SOLO0},
+    {"fork-child-init", chk_fork_child_init, 8, F_SOLO0 | F_NOSETUP},
 };
 #define NCHECKS ((int)(sizeof CHECKS / sizeof CHECKS[0]))
 

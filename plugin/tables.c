@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
 #include "shims.h"
 #include "_cgo_export.h"
 
@@ -77,24 +79,79 @@ void ncclGoProfStop(ncclProfilerCallback_t fn, uintptr_t event) {
   if (e != NULL) fn(&e, ncclProfilerNetEventStop, NULL, NCCL_GO_PROF_PLUGIN_ID, NULL);
 }
 
+/* ---- a child forked from the process that loaded the library ----
+ * The Go runtime does not run in a child forked (without exec) from a process
+ * in which it runs: only the forking thread exists there, and the runtime
+ * waits for threads that are gone. A call into Go from such a child blocks
+ * forever as soon as it needs another goroutine or thread (init that starts
+ * a transport, connect, accept, finalize). PyTorch forks DataLoader workers
+ * and checkpoint writers after NCCL is up; none should call NCCL, but one
+ * that does must get an error it can act on (NCCL falls back to its internal
+ * transports when init fails), not a hang. So every call but the data path
+ * and setNetAttr (NCCL's progress thread makes those, on comms and contexts
+ * an init in this process made; they take no lock and start nothing) is
+ * refused here, in C, before it enters Go. The pid is the library's at load
+ * time: getpid() tells a forked child whatever created it (fork, clone). */
+static pid_t loadPid;
+static ncclDebugLogger_t forkLogFn; /* NCCL's logger, for calls that carry none */
+
+__attribute__((constructor)) static void ncclGoRecordLoadPid(void) { loadPid = getpid(); }
+
+static int forkedChild(const char* call, ncclDebugLogger_t logFn) {
+  pid_t pid = getpid();
+  if (pid == loadPid) return 0;
+  if (logFn == NULL) logFn = __atomic_load_n(&forkLogFn, __ATOMIC_RELAXED);
+  char msg[512];
+  snprintf(msg, sizeof msg,
+           "NET/Go : %s failed: this process (pid %d) is a child forked from pid %d, which loaded the plugin; the Go "
+           "runtime does not run in a forked child: create communicators in the parent, or start workers with the "
+           "spawn or forkserver method (ncclInvalidUsage)",
+           call, (int)pid, (int)loadPid);
+  ncclGoLog(logFn, NCCL_LOG_WARN, ~0UL, msg);
+  return 1;
+}
+
+/* For init: remembers NCCL's logger for the calls that carry none. */
+static int forkedChildInit(ncclDebugLogger_t logFn) {
+  if (logFn != NULL && getpid() == loadPid) __atomic_store_n(&forkLogFn, logFn, __ATOMIC_RELAXED);
+  return forkedChild("init", logFn);
+}
+
+#define REFUSE_IN_FORKED_CHILD(call)                      \
+  do {                                                    \
+    if (forkedChild(call, NULL)) return ncclInvalidUsage; \
+  } while (0)
+#define REFUSE_INIT_IN_FORKED_CHILD(logFn)               \
+  do {                                                   \
+    if (forkedChildInit(logFn)) return ncclInvalidUsage; \
+  } while (0)
+
 /* ---- shims shared by all versions ---- */
 
-static ncclResult_t s_devices(int* ndev) { return goNetDevices(ndev); }
+static ncclResult_t s_devices(int* ndev) {
+  REFUSE_IN_FORKED_CHILD("devices");
+  return goNetDevices(ndev);
+}
 static ncclResult_t s_listen(int dev, void* handle, void** listenComm) {
+  REFUSE_IN_FORKED_CHILD("listen");
   return goNetListen(0, dev, handle, (uintptr_t*)listenComm);
 }
 static ncclResult_t s_accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t** recvDevComm) {
   (void)recvDevComm; /* host plugin: no device offload, leave NCCL's pointer alone */
+  REFUSE_IN_FORKED_CHILD("accept");
   return goNetAccept((uintptr_t)listenComm, (uintptr_t*)recvComm);
 }
 static ncclResult_t s_regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  REFUSE_IN_FORKED_CHILD("regMr");
   return goNetRegMr((uintptr_t)comm, data, size, type, (uintptr_t*)mhandle);
 }
 static ncclResult_t s_regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                                   void** mhandle) {
+  REFUSE_IN_FORKED_CHILD("regMrDmaBuf");
   return goNetRegMrDmaBuf((uintptr_t)comm, data, size, type, offset, fd, (uintptr_t*)mhandle);
 }
 static ncclResult_t s_deregMr(void* comm, void* mhandle) {
+  REFUSE_IN_FORKED_CHILD("deregMr");
   return goNetDeregMr((uintptr_t)comm, (uintptr_t)mhandle);
 }
 static ncclResult_t s_iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
@@ -103,16 +160,32 @@ static ncclResult_t s_iflush(void* recvComm, int n, void** data, int* sizes, voi
 static ncclResult_t s_test(void* request, int* done, int* sizes) {
   return goNetTest((uintptr_t)request, done, sizes);
 }
-static ncclResult_t s_closeSend(void* c) { return goNetClose((uintptr_t)c, NCCL_GO_TAG_SEND); }
-static ncclResult_t s_closeRecv(void* c) { return goNetClose((uintptr_t)c, NCCL_GO_TAG_RECV); }
-static ncclResult_t s_closeListen(void* c) { return goNetClose((uintptr_t)c, NCCL_GO_TAG_LISTEN); }
+static ncclResult_t s_closeSend(void* c) {
+  REFUSE_IN_FORKED_CHILD("closeSend");
+  return goNetClose((uintptr_t)c, NCCL_GO_TAG_SEND);
+}
+static ncclResult_t s_closeRecv(void* c) {
+  REFUSE_IN_FORKED_CHILD("closeRecv");
+  return goNetClose((uintptr_t)c, NCCL_GO_TAG_RECV);
+}
+static ncclResult_t s_closeListen(void* c) {
+  REFUSE_IN_FORKED_CHILD("closeListen");
+  return goNetClose((uintptr_t)c, NCCL_GO_TAG_LISTEN);
+}
 
 /* ---- v8 (NCCL 2.20-2.23): int sizes, init(logger) ---- */
 
-static ncclResult_t v8_init(ncclDebugLogger_t logFn) { return goNetInit(8, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, NULL); }
-static ncclResult_t v8_getProperties(int dev, ncclNetProperties_v8_t* props) { return goNetGetProperties(8, dev, props); }
+static ncclResult_t v8_init(ncclDebugLogger_t logFn) {
+  REFUSE_INIT_IN_FORKED_CHILD(logFn);
+  return goNetInit(8, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, NULL);
+}
+static ncclResult_t v8_getProperties(int dev, ncclNetProperties_v8_t* props) {
+  REFUSE_IN_FORKED_CHILD("getProperties");
+  return goNetGetProperties(8, dev, props);
+}
 static ncclResult_t v8_connect(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v8_t** sendDevComm) {
   (void)sendDevComm;
+  REFUSE_IN_FORKED_CHILD("connect");
   return goNetConnect(0, dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, (uintptr_t*)sendComm);
 }
 static ncclResult_t v8_isend(void* sendComm, void* data, int size, int tag, void* mhandle, void** request) {
@@ -124,7 +197,10 @@ static ncclResult_t v8_irecv(void* recvComm, int n, void** data, int* sizes, int
 
 /* ---- v9 (NCCL 2.24-2.25): size_t sizes, makeVDevice ---- */
 
-static ncclResult_t v9_getProperties(int dev, ncclNetProperties_v9_t* props) { return goNetGetProperties(9, dev, props); }
+static ncclResult_t v9_getProperties(int dev, ncclNetProperties_v9_t* props) {
+  REFUSE_IN_FORKED_CHILD("getProperties");
+  return goNetGetProperties(9, dev, props);
+}
 static ncclResult_t v9_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) {
   return goNetIsend((uintptr_t)sendComm, data, (long long)size, tag, (uintptr_t)mhandle, 0, (uintptr_t*)request);
 }
@@ -134,20 +210,26 @@ static ncclResult_t v9_irecv(void* recvComm, int n, void** data, size_t* sizes, 
 }
 /* A NULL props reaches Go as ndevs -1, which it refuses with a WARN. */
 static ncclResult_t v9_makeVDevice(int* d, ncclNetVDeviceProps_v9_t* props) {
+  REFUSE_IN_FORKED_CHILD("makeVDevice");
   return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V9, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 
 /* ---- v10 (NCCL 2.26-2.27): profiler, connect config, phandles ---- */
 
 static ncclResult_t v10_init(ncclDebugLogger_t logFn, ncclProfilerCallback_t profFn) {
+  REFUSE_INIT_IN_FORKED_CHILD(logFn);
   return goNetInit(10, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
-static ncclResult_t v10_getProperties(int dev, ncclNetProperties_v10_t* props) { return goNetGetProperties(10, dev, props); }
+static ncclResult_t v10_getProperties(int dev, ncclNetProperties_v10_t* props) {
+  REFUSE_IN_FORKED_CHILD("getProperties");
+  return goNetGetProperties(10, dev, props);
+}
 static ncclResult_t v10_connect(int dev, ncclNetCommConfig_v10_t* config, void* handle, void** sendComm,
                                 ncclNetDeviceHandle_v10_t** sendDevComm) {
   (void)sendDevComm;
   /* config is NULL for NCCL's GDR probe and bootstrap connections */
   int tc = config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF;
+  REFUSE_IN_FORKED_CHILD("connect");
   return goNetConnect(0, dev, tc, handle, (uintptr_t*)sendComm);
 }
 static ncclResult_t v10_isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
@@ -173,31 +255,46 @@ static ncclResult_t v11_init(void** ctx, uint64_t commId, ncclNetCommConfig_v11_
                              ncclProfilerCallback_t profFn) {
   (void)commId;
   if (ctx == NULL) return noCtx(logFn);
+  REFUSE_INIT_IN_FORKED_CHILD(logFn);
   return goNetInit(11, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
 static ncclResult_t v12_init(void** ctx, uint64_t commId, ncclNetCommConfig_v12_t* config, ncclDebugLogger_t logFn,
                              ncclProfilerCallback_t profFn) {
   (void)commId;
   if (ctx == NULL) return noCtx(logFn);
+  REFUSE_INIT_IN_FORKED_CHILD(logFn);
   return goNetInit(12, (uintptr_t*)ctx, config ? config->trafficClass : NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, profFn);
 }
-static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) { return goNetGetProperties(11, dev, props); }
-static ncclResult_t v12_getProperties(int dev, ncclNetProperties_v12_t* props) { return goNetGetProperties(12, dev, props); }
+static ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* props) {
+  REFUSE_IN_FORKED_CHILD("getProperties");
+  return goNetGetProperties(11, dev, props);
+}
+static ncclResult_t v12_getProperties(int dev, ncclNetProperties_v12_t* props) {
+  REFUSE_IN_FORKED_CHILD("getProperties");
+  return goNetGetProperties(12, dev, props);
+}
 static ncclResult_t v11_listen(void* ctx, int dev, void* handle, void** listenComm) {
   /* The context lets its finalize close the listen comms NCCL never closes. */
+  REFUSE_IN_FORKED_CHILD("listen");
   return goNetListen((uintptr_t)ctx, dev, handle, (uintptr_t*)listenComm);
 }
 static ncclResult_t v11_connect(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_v11_t** sendDevComm) {
   (void)sendDevComm;
+  REFUSE_IN_FORKED_CHILD("connect");
   return goNetConnect((uintptr_t)ctx, dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, (uintptr_t*)sendComm);
 }
 static ncclResult_t v11_makeVDevice(int* d, ncclNetVDeviceProps_v11_t* props) {
+  REFUSE_IN_FORKED_CHILD("makeVDevice");
   return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V11, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
 static ncclResult_t v12_makeVDevice(int* d, ncclNetVDeviceProps_v12_t* props) {
+  REFUSE_IN_FORKED_CHILD("makeVDevice");
   return goNetMakeVDevice(NCCL_NET_MAX_DEVS_PER_NIC_V12, d, props ? props->ndevs : -1, props ? props->devs : NULL);
 }
-static ncclResult_t v11_finalize(void* ctx) { return goNetFinalize((uintptr_t)ctx); }
+static ncclResult_t v11_finalize(void* ctx) {
+  REFUSE_IN_FORKED_CHILD("finalize");
+  return goNetFinalize((uintptr_t)ctx);
+}
 static ncclResult_t v11_setNetAttr(void* ctx, ncclNetAttr_v11_t* attr) {
   if (attr == NULL) return ncclSuccess;
   return goNetSetNetAttr((uintptr_t)ctx, attr->sendCommAttr.maxConcurrentPeers, attr->recvCommAttr.maxConcurrentPeers);
@@ -228,7 +325,10 @@ EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
   NULL, NULL, v9_makeVDevice,
 };
 
-static ncclResult_t v9_init(ncclDebugLogger_t logFn) { return goNetInit(9, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, NULL); }
+static ncclResult_t v9_init(ncclDebugLogger_t logFn) {
+  REFUSE_INIT_IN_FORKED_CHILD(logFn);
+  return goNetInit(9, NULL, NCCL_NET_TRAFFIC_CLASS_UNDEF, logFn, NULL);
+}
 
 EXPORT ncclNet_v9_t ncclNetPlugin_v9 = {
   NCCL_GO_PLUGIN_NAME, v9_init, s_devices, v9_getProperties, s_listen, v8_connect, s_accept, s_regMr,
