@@ -128,7 +128,7 @@ func (t *Transport) expireConnector(id uint64, c *connector) {
 // handshake"), bounded by NCCL_GO_TIMEOUT and interrupted by Finalize.
 func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions) (*sendComm, error) {
 	deadline := time.Now().Add(t.cfg.setupLimit)
-	conn, err := t.dialRetry(hi.addr, deadline)
+	conn, err := t.dialRetry(t.dialAddr(hi.addr), deadline)
 	if err != nil {
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : %v", err)
 	}
@@ -202,6 +202,17 @@ func (t *Transport) dial(devs []*device, hi handleInfo, opts nccl.ConnectOptions
 	sc.watch.attach(conn, t.cfg.peerTime)
 	ok, kept = true, true
 	return sc, nil
+}
+
+// dialAddr is where the handshake dials: an IPv6 link-local listener address
+// is only meaningful on a link, and the handle carries no zone (NCCL's carries
+// the listener's interface index, which is only right where both hosts number
+// interfaces alike), so it takes our own handshake interface as zone.
+func (t *Transport) dialAddr(ap netip.AddrPort) netip.AddrPort {
+	if a := ap.Addr(); a.Is6() && a.IsLinkLocalUnicast() && t.oobName != "" {
+		return netip.AddrPortFrom(a.WithZone(t.oobName), ap.Port())
+	}
+	return ap
 }
 
 // dialRetry connects to addr, retrying refused/unreachable connections like

@@ -19,7 +19,8 @@ func TestOOBInterfaceSelection(t *testing.T) {
 		{Name: "lo", Up: true, Running: true, Addrs: []netip.Prefix{p("127.0.0.1/8"), p("::1/128")}},
 		{Name: "lo1", Up: true, Running: true, Addrs: []netip.Prefix{p("127.0.1.1/8")}},
 		{Name: "docker0", Up: true, Running: true, Addrs: []netip.Prefix{p("172.17.0.1/16")}},
-		{Name: "eth0", Up: true, Running: true, Addrs: []netip.Prefix{p("fe80::1/64"), p("2001:db8::2/64"), p("10.0.0.2/24")}},
+		// The kernel lists an interface's global IPv6 addresses before its link-local one.
+		{Name: "eth0", Up: true, Running: true, Addrs: []netip.Prefix{p("2001:db8::2/64"), p("fe80::1/64"), p("10.0.0.2/24")}},
 		{Name: "ib0", Up: true, Running: true, Addrs: []netip.Prefix{p("192.168.1.2/24")}},
 	})
 	log := &captureLog{}
@@ -41,7 +42,7 @@ func TestOOBInterfaceSelection(t *testing.T) {
 	assert.Equal(t, []string{"eth0", "10.0.0.2"}, []string{n, ad}, "IPv4 before IPv6, as NCCL's getifaddrs walk (was 2001:db8::2)")
 	setEnv(t, "NCCL_SOCKET_IFNAME", "eth", "NCCL_SOCKET_FAMILY", "AF_INET6")
 	_, ad = pick()
-	assert.Equal(t, "2001:db8::2", ad, "link-local skipped")
+	assert.Equal(t, "2001:db8::2", ad, "the first IPv6 address, as NCCL")
 	setEnv(t, "NCCL_SOCKET_IFNAME", "=eth")
 	_, ad = pick()
 	assert.Contains(t, ad, "NCCL_SOCKET_IFNAME==eth")
@@ -59,4 +60,30 @@ func TestOOBInterfaceSelection(t *testing.T) {
 	setEnv(t, "NCCL_SOCKET_IFNAME", "")
 	n, _ = pick()
 	assert.Equal(t, "lo1", n)
+}
+
+// An interface with only an IPv6 link-local address is one NCCL's IB
+// transport uses for its handshake (its handle carries the scope id). It
+// used to be skipped, so the default search fell through to lo and
+// advertised 127.0.0.1 to peers on other hosts; with NCCL_SOCKET_IFNAME set
+// to it, init failed.
+func TestOOBInterfaceLinkLocalOnly(t *testing.T) {
+	p := func(s string) netip.Prefix { return netip.MustParsePrefix(s) }
+	hostInterfaces.Set(t, fixedIfaces{
+		{Name: "lo", Index: 1, Up: true, Running: true, Addrs: []netip.Prefix{p("127.0.0.1/8"), p("::1/128")}},
+		{Name: "eth0", Index: 2, Up: true, Running: true, Addrs: []netip.Prefix{p("fe80::1/64")}},
+	})
+	for _, ifname := range []string{"", "eth0"} {
+		setEnv(t, "NCCL_SOCKET_IFNAME", ifname)
+		n, ad, err := findOOBInterface(&captureLog{})
+		if assert.NoError(t, err, "NCCL_SOCKET_IFNAME=%q", ifname) {
+			assert.Equal(t, []string{"eth0", "fe80::1%eth0"}, []string{n, ad.String()}, "NCCL_SOCKET_IFNAME=%q", ifname)
+		}
+	}
+	// The connector dials a link-local listener through its own handshake
+	// interface; other addresses are dialled as they are.
+	tr := &Transport{oobName: "eth3"}
+	assert.Equal(t, "[fe80::9%eth3]:7", tr.dialAddr(netip.MustParseAddrPort("[fe80::9]:7")).String())
+	assert.Equal(t, "[2001:db8::9]:7", tr.dialAddr(netip.MustParseAddrPort("[2001:db8::9]:7")).String())
+	assert.Equal(t, "10.0.0.9:7", tr.dialAddr(netip.MustParseAddrPort("10.0.0.9:7")).String())
 }

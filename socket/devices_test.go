@@ -219,3 +219,31 @@ func TestAutosFollowGOMAXPROCSUnderACPUQuota(t *testing.T) {
 	numCPU = func() int { return 4 }
 	assert.Equal(t, 0, streamCount(log), "GOMAXPROCS above the CPUs the runtime may use adds none")
 }
+
+// TestListenOnVanishedAddressSaysSo: an address chosen at init that is gone
+// from its interface when NCCL listens (removed or renumbered since, or an
+// IPv6 address still in duplicate address detection) fails listen with a
+// WARN that says so, instead of "check NCCL_SOCKET_IFNAME", which was set
+// right.
+func TestListenOnVanishedAddressSaysSo(t *testing.T) {
+	for _, a := range []string{"2001:db8::7/64", "198.51.100.7/24", "fe80::77/64"} {
+		t.Run(a, func(t *testing.T) {
+			// lo is real, but none of these addresses is on it: as if it
+			// had been removed between init and listen.
+			tr := &Transport{ifaces: fakeIfaces{{Name: "lo", Index: 1, Up: true, Running: true,
+				Addrs: []netip.Prefix{netip.MustParsePrefix(a)}}}, sysRoot: "testdata/sys-none"}
+			log := &captureLog{}
+			require.NoError(t, tr.Init(nccl.InitContext{Log: log}))
+			t.Cleanup(func() { tr.Finalize() })
+			var h nccl.Handle
+			_, err := tr.Listen(0, &h)
+			require.Error(t, err)
+			assert.Equal(t, nccl.SystemError, nccl.ResultOf(err))
+			addr := netip.MustParsePrefix(a).Addr().String()
+			assert.Contains(t, err.Error(), addr+" is no longer an address of lo")
+			assert.Contains(t, log.String(), "WARN NET/GoSocket : listen on lo")
+			assert.Contains(t, log.String(), "removed or changed since")
+			assert.NotContains(t, log.String(), "check NCCL_SOCKET_IFNAME", "the interface setting is not what is wrong")
+		})
+	}
+}

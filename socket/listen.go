@@ -3,6 +3,7 @@ package socket
 import (
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/netip"
 	"sync"
 	"time"
@@ -109,6 +110,11 @@ func (t *Transport) listen(d *device, h *nccl.Handle) (nccl.Listener, error) {
 		}
 	}
 	if err != nil {
+		if errors.Is(err, unix.EADDRNOTAVAIL) {
+			why := addrGoneHint(d)
+			t.log.Warnf("NET/GoSocket : listen on %s (%s) failed: %v: %s", d.name, d.addr, err, why)
+			return nil, nccl.Errorf(nccl.SystemError, "listen on %s: %w (%s)", d, err, why)
+		}
 		t.log.Warnf("NET/GoSocket : listen on %s (%s) failed: %v; check %s%s", d.name, d.addr, err, envIfname, fdHint(err))
 		return nil, nccl.Errorf(nccl.SystemError, "listen on %s: %w", d, err)
 	}
@@ -354,4 +360,16 @@ func (l *listener) Close() error {
 	delete(l.t.listeners, l)
 	l.t.mu.Unlock()
 	return nil
+}
+
+// addrGoneHint explains EADDRNOTAVAIL from bind: the device's address,
+// chosen once at init as NCCL chooses it, is not (or not yet) usable on its
+// interface.
+func addrGoneHint(d *device) string {
+	h := fmt.Sprintf("%s is no longer an address of %s: devices and their addresses are chosen once, at init (as by NCCL), "+
+		"and this one was removed or changed since; restore it, or restart the job", d.addr.WithZone(""), d.name)
+	if d.addr.Is6() {
+		h += " (an IPv6 address that is still tentative, in duplicate address detection, cannot be used either: wait until `ip addr` no longer shows it tentative)"
+	}
+	return h
 }

@@ -76,9 +76,6 @@ type Options struct {
 	// Max is how many devices the caller wants: ncclenv.MaxIfs for the socket
 	// transport, 1 for ib's out-of-band handshake.
 	Max int
-	// SkipLinkLocal leaves out IPv6 link-local addresses, for a caller whose
-	// peer dials the address without being able to know our zone.
-	SkipLinkLocal bool
 	// Log and Prefix: where and as whom WARNs about the settings go.
 	Log    ncclenv.Logger
 	Prefix string
@@ -154,7 +151,7 @@ func match(ifs []Interface, l ncclenv.List, fam ncclenv.Family, o Options) []Dev
 			if taken[i.Name] || !i.Up || !i.Running || !l.Match(i.Name, -1) {
 				continue
 			}
-			if a, ok := firstAddr(i, pass, o.SkipLinkLocal); ok {
+			if a, ok := firstAddr(i, pass); ok {
 				taken[i.Name] = true
 				out = append(out, Device{Name: i.Name, Index: i.Index, Addr: a})
 			}
@@ -163,7 +160,7 @@ func match(ifs []Interface, l ncclenv.List, fam ncclenv.Family, o Options) []Dev
 	return out
 }
 
-func firstAddr(i Interface, fam ncclenv.Family, skipLinkLocal bool) (netip.Addr, bool) {
+func firstAddr(i Interface, fam ncclenv.Family) (netip.Addr, bool) {
 	for _, p := range i.Addrs {
 		a := p.Addr().Unmap()
 		if !a.IsValid() || a.Is4() != (fam == ncclenv.IPv4) {
@@ -174,9 +171,6 @@ func firstAddr(i Interface, fam ncclenv.Family, skipLinkLocal bool) (netip.Addr,
 				continue // NCCL skips IPv6 loopback
 			}
 			if a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() {
-				if skipLinkLocal {
-					continue
-				}
 				a = a.WithZone(i.Name) // meaningless without its interface
 			}
 		}
@@ -231,7 +225,7 @@ func subnetOfCommID(ifs []Interface, o Options) (Device, bool) {
 					continue
 				}
 				linkLocal := a.Is6() && a.IsLinkLocalUnicast()
-				if linkLocal && (zone != i.Name || o.SkipLinkLocal) {
+				if linkLocal && zone != i.Name {
 					continue // a link-local subnet only matches on its own link
 				}
 				if linkLocal {
@@ -256,6 +250,11 @@ func splitHostPort(s string) (host, zone string, err error) {
 			host, zone = host[:i], host[i+1:]
 		}
 		return host, zone, nil
+	}
+	if strings.Count(s, ":") > 1 {
+		// NCCL would read "2001" of "2001:db8::1:5000" as a host name
+		// (glibc then takes it for 0.0.7.209); no host name has a colon.
+		return "", "", fmt.Errorf("an IPv6 address needs brackets: [<ipv6>]:<port> (or [<ipv6>%%<if>]:<port> for a link-local one)")
 	}
 	host, _, _ = strings.Cut(s, ":")
 	if host == "" {
@@ -288,8 +287,8 @@ func Unusable(ifs []Interface, o Options) []string {
 		case !i.Running:
 			out = append(out, i.Name+" is up but not running (no carrier)")
 		default:
-			_, ok4 := firstAddr(i, ncclenv.IPv4, o.SkipLinkLocal)
-			_, ok6 := firstAddr(i, ncclenv.IPv6, o.SkipLinkLocal)
+			_, ok4 := firstAddr(i, ncclenv.IPv4)
+			_, ok6 := firstAddr(i, ncclenv.IPv6)
 			switch {
 			case fam == ncclenv.IPv4 && !ok4:
 				out = append(out, i.Name+" has no AF_INET address")

@@ -167,11 +167,12 @@ func TestOneInterfaceForTheHandshake(t *testing.T) {
 	ifs := []Interface{
 		up("lo", 1, "127.0.0.1/8", "::1/128"),
 		up("docker0", 2, "172.17.0.1/16"),
-		up("eth0", 3, "fe80::1/64", "2001:db8::2/64", "10.0.0.2/24"),
+		// The kernel lists an interface's global IPv6 addresses before its link-local one.
+		up("eth0", 3, "2001:db8::2/64", "fe80::1/64", "10.0.0.2/24"),
 		up("ib0", 4, "192.168.1.2/24"),
 		up("eth1", 5, "fe80::5/64"),
 	}
-	oob := Options{Max: 1, SkipLinkLocal: true, Log: log, Prefix: "NET/GoIB"}
+	oob := Options{Max: 1, Log: log, Prefix: "NET/GoIB"}
 	pick := func() string {
 		d, _ := Find(ifs, oob)
 		if len(d) == 0 {
@@ -186,9 +187,9 @@ func TestOneInterfaceForTheHandshake(t *testing.T) {
 	withEnv(t, map[string]string{"NCCL_SOCKET_IFNAME": "eth"})
 	assert.Equal(t, "eth0<10.0.0.2>", pick(), "IPv4 first, as getifaddrs lists it")
 	withEnv(t, map[string]string{"NCCL_SOCKET_IFNAME": "eth", "NCCL_SOCKET_FAMILY": "AF_INET6"})
-	assert.Equal(t, "eth0<2001:db8::2>", pick(), "link-local skipped")
+	assert.Equal(t, "eth0<2001:db8::2>", pick(), "the first IPv6 address, as NCCL")
 	withEnv(t, map[string]string{"NCCL_SOCKET_IFNAME": "=eth1"})
-	assert.Equal(t, "none", pick(), "only a link-local address")
+	assert.Equal(t, "eth1<fe80::5%eth1>", pick(), "a link-local address is used, with its interface as zone (ib dials it through its own)")
 	withEnv(t, map[string]string{"NCCL_SOCKET_IFNAME": "e"})
 	assert.Equal(t, "ib0<192.168.1.2>", pick(), "one character: ignored")
 	assert.Contains(t, log.String(), "NET/GoIB : ignoring NCCL_SOCKET_IFNAME=e")
@@ -286,6 +287,15 @@ func TestSplitHostPort(t *testing.T) {
 	for _, bad := range []string{":5000", "[::1"} {
 		_, _, err := splitHostPort(bad)
 		assert.Error(t, err, bad)
+	}
+	// An IPv6 address without brackets used to be read as host "2001",
+	// which then failed to resolve ("cannot resolve \"2001\""): the WARN now
+	// says what to write.
+	for _, bad := range []string{"2001:db8::1:5000", "fe80::1%eth0:5000", "::ffff:10.0.0.1:5000"} {
+		_, _, err := splitHostPort(bad)
+		if assert.Error(t, err, bad) {
+			assert.Contains(t, err.Error(), "an IPv6 address needs brackets: [<ipv6>]:<port>", bad)
+		}
 	}
 }
 
