@@ -84,6 +84,11 @@ func (c *commCore) register(data unsafe.Pointer, size int, db dmabufRef, fail fu
 	if m := c.fatal.Load(); m != nil {
 		return 0, nccl.Errorf(nccl.SystemError, "NET/GoIB : cannot register memory on %s: %s", c.name, *m)
 	}
+	// The page-rounded end must not wrap: lookupLocked would take the small
+	// wrapped end for a hit on any registration below it.
+	if addr := uint64(uintptr(data)); addr+uint64(max(size, 1))+pageSize-1 < addr {
+		return 0, nccl.Errorf(nccl.InvalidArgument, "NET/GoIB : registration of %#x + %d bytes wraps past the end of the address space", addr, size)
+	}
 	h := &mrHandle{}
 	for i := range c.devs {
 		d := c.devs[i].device

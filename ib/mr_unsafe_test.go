@@ -134,6 +134,38 @@ func TestMRCacheFindsCoveringEntryPastSmallerOne(t *testing.T) {
 	}
 }
 
+// A range whose page-rounded end wraps past the end of the address space is
+// no memory at all. The cache took its small wrapped end for a hit on any
+// registration starting below it and returned that (unrelated) registration
+// with ncclSuccess; it must be InvalidArgument and leave the cache alone.
+func TestRegMrRangeThatWrapsIsInvalidArgument(t *testing.T) {
+	setEnv(t)
+	_, a, b := twoHosts(t, softnic.DeviceConfig{})
+	sc, _ := connectPair(t, a, 0, b, 0)
+	mem := mmapBytes(t, 4096)
+	reg, err := sc.RegMr(unsafe.Pointer(&mem[0]), len(mem), nccl.PtrHost)
+	require.NoError(t, err)
+	st0, _ := a.t.MRStats(0)
+	for _, c := range []struct {
+		addr uintptr
+		size int
+	}{
+		{^uintptr(0) &^ 4095, 8192},     // the last page and one past it
+		{^uintptr(0) - 0xff, 1 << 20},   // a byte range that wraps
+		{^uintptr(0), 1},                // its page-rounded end wraps
+		{^uintptr(0) - 4094, 4096 + 10}, // likewise, not page aligned
+	} {
+		mh, err := sc.RegMr(fakeGPU(c.addr), c.size, nccl.PtrHost)
+		require.Error(t, err, "regMr(%#x, %d) wraps", c.addr, c.size)
+		assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err))
+		assert.Contains(t, err.Error(), "wraps past the end of the address space")
+		assert.Zero(t, mh)
+	}
+	st, _ := a.t.MRStats(0)
+	assert.Equal(t, st0, st, "a rejected range neither hits nor misses the cache")
+	require.NoError(t, sc.DeregMr(reg))
+}
+
 // The MR cache's counters reach the plugin's metrics (docs/metrics.md): the
 // series of the port the cache belongs to.
 func TestMRCacheCountersReachMetrics(t *testing.T) {

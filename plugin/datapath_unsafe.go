@@ -74,8 +74,8 @@ func netRegMr(h uintptr, data unsafe.Pointer, size int, ptrType int) (uintptr, n
 	if err != nil {
 		return 0, fail("regMr", err)
 	}
-	if size < 0 {
-		return 0, fail("regMr", nccl.Errorf(nccl.InvalidArgument, "negative size %d", size))
+	if err := checkRegRange(data, size); err != nil {
+		return 0, fail("regMr", err)
 	}
 	mh, err := e.comm.RegMr(data, size, nccl.PtrType(ptrType))
 	if err != nil {
@@ -93,8 +93,8 @@ func netRegMrDmaBuf(h uintptr, data unsafe.Pointer, size int, ptrType int, offse
 	if err != nil {
 		return 0, fail("regMrDmaBuf", err)
 	}
-	if size < 0 {
-		return 0, fail("regMrDmaBuf", nccl.Errorf(nccl.InvalidArgument, "negative size %d", size))
+	if err := checkRegRange(data, size); err != nil {
+		return 0, fail("regMrDmaBuf", err)
 	}
 	reg, ok := e.comm.(nccl.DMABufRegistrar)
 	if !ok {
@@ -105,6 +105,21 @@ func netRegMrDmaBuf(h uintptr, data unsafe.Pointer, size int, ptrType int, offse
 		return 0, fail("regMrDmaBuf", err)
 	}
 	return uintptr(mh), nccl.Success
+}
+
+// checkRegRange rejects a registration no memory can back: a size_t of 2^63
+// or more (negative once converted to int) or a range past the end of the
+// address space. A wrapping range used to reach the transport: ib's MR cache
+// took its small wrapped end for a hit on any registration below it and
+// returned a handle for memory it never covered.
+func checkRegRange(data unsafe.Pointer, size int) error {
+	if size < 0 {
+		return nccl.Errorf(nccl.InvalidArgument, "size %d (as size_t: %d) is larger than any buffer", size, uint64(size))
+	}
+	if uintptr(size) > ^uintptr(0)-uintptr(data) {
+		return nccl.Errorf(nccl.InvalidArgument, "range %p + %d bytes wraps past the end of the address space", data, size)
+	}
+	return nil
 }
 
 func netDeregMr(h uintptr, mh uintptr) nccl.Result {
@@ -134,6 +149,11 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 	}
 	if size < 0 || size > nccl.MaxNetSize {
 		return 0, e.callFailed("isend", nccl.Errorf(nccl.InvalidArgument, "message size %d outside [0, %d]", size, int64(nccl.MaxNetSize)))
+	}
+	if data == nil && size > 0 {
+		// The socket transport would fail the whole connection with EFAULT
+		// ("bad address"), naming no culprit.
+		return 0, e.callFailed("isend", nccl.Errorf(nccl.InvalidArgument, "NULL buffer for a message of %d bytes", size))
 	}
 	idx, ok := e.reqs.alloc()
 	if !ok {
@@ -165,8 +185,8 @@ func netIsend(h uintptr, data unsafe.Pointer, size int64, tag int, mh uintptr, p
 
 // checkRecvCount and setRecvBuf are the one check of a grouped receive's (or
 // flush's) arguments, made as NCCL's call enters the glue: n within the
-// device's MaxRecvs, every size in [0, MaxNetSize]. irecv, iflush and the
-// transport trust what passed.
+// device's MaxRecvs, every size in [0, MaxNetSize], a NULL buffer only for 0
+// bytes. irecv, iflush and the transport trust what passed.
 func (e *commEntry) checkRecvCount(call string, n int) error {
 	if n < 1 || n > e.maxRecvs {
 		return nccl.Errorf(nccl.InvalidArgument, "%s of %d buffers; device %s takes 1 to %d (its maxRecvs)", call, n, e.deviceName(), e.maxRecvs)
@@ -177,6 +197,12 @@ func (e *commEntry) checkRecvCount(call string, n int) error {
 func (e *commEntry) setRecvBuf(call string, i int, data unsafe.Pointer, size int64, tag int, mh uintptr) error {
 	if size < 0 || size > nccl.MaxNetSize {
 		return nccl.Errorf(nccl.InvalidArgument, "%s buffer %d has size %d outside [0, %d]", call, i, size, int64(nccl.MaxNetSize))
+	}
+	if data == nil && size > 0 {
+		// Only a 0-byte buffer may be NULL. The socket transport read a
+		// message for a NULL buffer and discarded it, and test reported
+		// its size as received.
+		return nccl.Errorf(nccl.InvalidArgument, "%s buffer %d is NULL with size %d", call, i, size)
 	}
 	e.bufs[i] = nccl.RecvBuffer{Data: data, Size: int(size), Tag: tag, MH: nccl.MemHandle(mh)}
 	return nil

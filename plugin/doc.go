@@ -7,7 +7,9 @@
 //   - comms, requests and memory handles cross into C as integer slots, never Go
 //     pointers; a stale or forged handle is rejected with ncclInvalidArgument;
 //   - NCCL's arguments are checked once, at the boundary: a grouped receive has
-//     1 to MaxRecvs buffers, every size is 0 to nccl.MaxNetSize;
+//     1 to MaxRecvs buffers, every size is 0 to nccl.MaxNetSize, a buffer
+//     (isend's too) is NULL only for 0 bytes, and a registration never wraps
+//     past the end of the address space;
 //   - the glue numbers the requests NCCL sees; a transport's request ids may be
 //     any non-negative int32, and a comm with every request slot in flight
 //     answers NULL (NCCL retries);

@@ -775,7 +775,8 @@ func TestGroupedReceiveCheckedAgainstDeviceMaxRecvs(t *testing.T) {
 		require.Error(t, err, "size %d", size)
 		assert.Equal(t, nccl.InvalidArgument, nccl.ResultOf(err))
 	}
-	assert.NoError(t, recv.setRecvBuf("irecv", 3, nil, nccl.MaxNetSize, 0, 0))
+	var one byte
+	assert.NoError(t, recv.setRecvBuf("irecv", 3, unsafe.Pointer(&one), nccl.MaxNetSize, 0, 0))
 	p, res := netProperties(0)
 	require.Equal(t, nccl.Success, res)
 	assert.Equal(t, 4, p.MaxRecvs)
