@@ -47,7 +47,9 @@ type envReport struct {
 	Unknown  []envWarning `json:"unknown"`
 	// Foreign lists set NCCL_* variables the plugin does not read (NCCL
 	// itself may): worth knowing when a setting seems to have no effect.
-	Foreign []string `json:"not_read_by_plugin,omitempty"`
+	// The lists are [] when empty, never null or absent: a script iterates
+	// them (jq '.unknown[]') without a special case.
+	Foreign []string `json:"not_read_by_plugin"`
 }
 
 // nameSource pairs a set variable with where it was set.
@@ -137,7 +139,7 @@ func setNames(conf *ncclConf) []nameSource {
 }
 
 func buildEnvReport(conf *ncclConf, onlySet bool) envReport {
-	var r envReport
+	r := envReport{Files: []string{}, Settings: []envSetting{}, Unknown: []envWarning{}, Foreign: []string{}}
 	for _, f := range conf.files {
 		state := "absent"
 		if f.exists {

@@ -182,3 +182,18 @@ func TestEnvFlagsValuesThePluginWouldNotUseAsWritten(t *testing.T) {
 	out, errOut, code = runCmd(t, "env", "--set")
 	assert.Equal(t, 0, code, "%s%s", out, errOut)
 }
+
+// The report's lists are JSON arrays even when empty: a script iterates
+// them (jq '.unknown[]', '.settings[]' with --set) without a special case.
+// Until 2026-11-29 they were null (and not_read_by_plugin absent) on a host
+// with nothing to report, and jq failed with "Cannot iterate over null".
+func TestEnvJSONListsAreNeverNull(t *testing.T) {
+	testEnv(t, nil)
+	out, errOut, code := runCmd(t, "env", "--set", "--json")
+	require.Equal(t, 0, code, errOut)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &m), out)
+	for _, k := range []string{"files", "settings", "unknown", "not_read_by_plugin"} {
+		assert.IsType(t, []any{}, m[k], "%q in %s", k, out)
+	}
+}

@@ -248,3 +248,29 @@ func harnessSources() []string {
 	}
 	return out
 }
+
+// Every flag a command accepts is in its synopsis, with the argument its
+// flags section shows: until 2026-11-29 `selftest --help` listed
+// "--transport ib" (as if ib were the only value) under a synopsis of
+// "[--transport ib|socket]", and top's synopsis said "--interval 2s" where
+// its flags said DURATION.
+func TestHelpSynopsisMatchesTheFlags(t *testing.T) {
+	testEnv(t, nil)
+	for _, c := range commands {
+		out, _, code := runCmd(t, c.name, "--help")
+		require.Equal(t, 0, code, c.name)
+		synopsis, _, _ := strings.Cut(out, "\n")
+		_, flagsSection, ok := strings.Cut(out, "\nflags:\n")
+		require.True(t, ok, c.name)
+		n := 0
+		for _, line := range strings.Split(flagsSection, "\n") {
+			if !strings.HasPrefix(line, "  -") {
+				continue
+			}
+			n++
+			head, _, _ := strings.Cut(strings.TrimSpace(line), "  ")
+			assert.Contains(t, synopsis, "["+head+"]", "%s: the flag %q", c.name, head)
+		}
+		assert.NotZero(t, n, c.name)
+	}
+}

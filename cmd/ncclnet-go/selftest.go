@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,8 +48,8 @@ killed 2 s later).
 SIGTERM or Ctrl-C stops the test at once: the processes are killed and
 reaped, the step each was in is printed, and the exit status is 143 (130
 for SIGINT).`)
-	transport := fs.String("transport", "", "force `ib` or socket (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
-	plugin := fs.String("plugin", "", "library to load, as NCCL_NET_PLUGIN takes it: a `NAME` or a path (default: NCCL_NET_PLUGIN, else go)")
+	transport := fs.String("transport", "", "force the transport, `ib|socket` (sets NCCL_GO_TRANSPORT); default: the one the plugin picks")
+	plugin := fs.String("plugin", "", "library to load, a `NAME|PATH` as NCCL_NET_PLUGIN takes it (default: NCCL_NET_PLUGIN, else go)")
 	size := fs.String("size", "64M", "`BYTES` per message, suffix K, M or G (at most 1G, NCCL's largest message)")
 	iters := fs.Int("iters", 8, "`N` messages each way")
 	latSize := fs.String("lat-size", "8", "`BYTES` per ping-pong message")
@@ -98,17 +99,28 @@ for SIGINT).`)
 	if err != nil {
 		return err
 	}
+	// A check that fails before the helper said PASS or FAIL is a failure
+	// too: --json prints it, for the script that reads stdout.
+	failed := func(err error) error {
+		if *asJSON {
+			if jerr := printJSON(c.stdout, map[string]any{"pass": false, "result": "fail", "reason": oneLine(err.Error()),
+				"plugin": lib.value, "plugin_source": lib.source()}); jerr != nil {
+				return jerr
+			}
+		}
+		return err
+	}
 	if entries := pluginEntries(lib.value); len(entries) == 1 && strings.Contains(entries[0], "/") {
 		if _, err := os.Stat(entries[0]); err != nil {
 			if lib.origin == "--plugin" {
-				return fmt.Errorf("--plugin %s: %v", entries[0], errors.Unwrap(err))
+				return failed(fmt.Errorf("--plugin %s: %v", entries[0], errors.Unwrap(err)))
 			}
-			return fmt.Errorf("NCCL_NET_PLUGIN=%s (%s): %v", entries[0], lib.origin, errors.Unwrap(err))
+			return failed(fmt.Errorf("NCCL_NET_PLUGIN=%s (%s): %v", entries[0], lib.origin, errors.Unwrap(err)))
 		}
 	}
 	h, err := findHelper(c.exe, *helper)
 	if err != nil {
-		return err
+		return failed(err)
 	}
 	// Numbers go to the helper as plain decimal, never as the text given:
 	// it reads sizes with C's strtoull (base 0: "010" is octal) and knows
@@ -149,7 +161,7 @@ for SIGINT).`)
 		if s := strings.TrimSpace(stderr.String()); s != "" {
 			fmt.Fprintln(c.stderr, s)
 		}
-		return errors.New(msg)
+		return failed(errors.New(msg))
 	}
 	pass := res["result"] == "pass" && runErr == nil
 	if *transport != "" && pass && res["transport"] != *transport {
@@ -159,11 +171,7 @@ for SIGINT).`)
 	if *asJSON {
 		out := map[string]any{"pass": pass}
 		for k, v := range res {
-			if f, err := strconv.ParseFloat(v, 64); err == nil && k != "api" {
-				out[k] = f
-			} else {
-				out[k] = v
-			}
+			out[k] = resultValue(k, v)
 		}
 		out["plugin"], out["plugin_source"] = lib.value, lib.source()
 		if err := printJSON(c.stdout, out); err != nil {
@@ -469,12 +477,40 @@ func parseResult(out string) map[string]string {
 			line = line[:j]
 		}
 	}
+	// A value may have spaces (a library path such as
+	// "/opt/my plugins/libnccl-net-go.so"): a word that does not start a
+	// key=value pair continues the previous value.
+	last := ""
 	for _, w := range strings.Fields(line) {
-		if k, v, ok := strings.Cut(w, "="); ok {
-			m[k] = v
+		if k, v, ok := strings.Cut(w, "="); ok && resultKey.MatchString(k) {
+			m[k], last = v, k
+		} else if last != "" {
+			m[last] += " " + w
 		}
 	}
 	return m
+}
+
+// resultKey is what the helper prints before "=": a lower-case word.
+var resultKey = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
+
+// numericResults are the helper's keys whose values are numbers; every
+// other value (a device, a library, a net name) is text under --json, even
+// when it reads as a number: an interface may be named "0", "1e3" or "nan",
+// and NaN is not JSON.
+var numericResults = map[string]bool{
+	"rank": true, "bytes": true, "iters": true, "lat_size": true, "lat_iters": true, "speed_mbps": true,
+	"gbps_1to0": true, "gbps_0to1": true, "rtt_median_us": true, "rtt_p99_us": true, "messages": true,
+}
+
+// resultValue is one of the helper's values as --json prints it.
+func resultValue(k, v string) any {
+	if numericResults[k] {
+		if f, err := strconv.ParseFloat(v, 64); err == nil && !math.IsNaN(f) && !math.IsInf(f, 0) {
+			return f
+		}
+	}
+	return v
 }
 
 // findHelper looks for the helper where make and the packages install it.

@@ -344,3 +344,62 @@ func TestSelftestLoadsWhatNCCLNetPluginNames(t *testing.T) {
 	assert.Equal(t, false, m["pass"])
 	assert.Contains(t, errOut, `NCCL_NET_PLUGIN="None" (env): NCCL loads no net plugin with this value`)
 }
+
+// fakeHelper is a selftest helper that prints line as its result.
+func fakeHelper(t *testing.T, script string) string {
+	t.Helper()
+	fake := filepath.Join(t.TempDir(), helperName)
+	require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\n"+script+"\n"), 0o755))
+	return fake
+}
+
+// The helper's text values stay text, whole: an interface may be named
+// "nan" or "0" (until 2026-11-29 --json turned every value that parses as a
+// number into one: "nan" made the JSON encoder fail, a PASS printed nothing
+// and exited 1, and "0" became the number 0), and a library path may have
+// spaces (it was cut at the first one, in the text report too).
+func TestSelftestResultValuesKeepTheirText(t *testing.T) {
+	testEnv(t, nil)
+	for _, dev := range []string{"0", "nan", "1e3", "Inf"} {
+		helper := fakeHelper(t, "echo 'result=pass library=/opt/my plugins/libnccl-net-go.so net=Go api=v12 transport=socket device="+dev+
+			" speed_mbps=10000 bytes=1024 iters=1 gbps_1to0=1.500 gbps_0to1=2.000 lat_size=8 lat_iters=1 rtt_median_us=1.00 rtt_p99_us=2.00'")
+		m, errOut, code := selftestJSON(t, "--helper", helper)
+		require.Equal(t, 0, code, "device %s: %s", dev, errOut)
+		assert.Equal(t, true, m["pass"])
+		assert.Equal(t, dev, m["device"])
+		assert.Equal(t, "/opt/my plugins/libnccl-net-go.so", m["library"])
+		assert.Equal(t, "v12", m["api"])
+		assert.Equal(t, 1024.0, m["bytes"])
+		assert.Equal(t, 1.5, m["gbps_1to0"])
+
+		out, errOut, code := runCmd(t, "selftest", "--helper", helper)
+		require.Equal(t, 0, code, errOut)
+		assert.Contains(t, out, "  library    /opt/my plugins/libnccl-net-go.so (NCCL net name \"Go\", API v12)\n")
+		assert.Contains(t, out, "  transport  socket, device 0 = "+dev+" (10000 Mbps)\n")
+	}
+}
+
+// --json prints a result on stdout for every failure, not only for the ones
+// the helper reports: until 2026-11-29 a missing library or helper, or a helper
+// that died without a result, left stdout empty for the script reading it.
+func TestSelftestJSONOnEveryFailure(t *testing.T) {
+	testEnv(t, nil)
+	for _, c := range []struct {
+		name   string
+		args   []string
+		reason string
+	}{
+		{"missing library", []string{"--plugin", "/nonexistent/libnccl-net-go.so"}, "--plugin /nonexistent/libnccl-net-go.so: no such file or directory"},
+		{"missing helper", []string{"--helper", "/nonexistent/" + helperName}, "--helper /nonexistent/" + helperName + ": no such file or directory"},
+		{"helper died", []string{"--helper", fakeHelper(t, "echo boom >&2; exit 3")}, "failed: exit status 3"},
+		{"helper printed nothing", []string{"--helper", fakeHelper(t, "exit 0")}, "the helper printed no result"},
+	} {
+		m, errOut, code := selftestJSON(t, c.args...)
+		assert.Equal(t, 1, code, c.name)
+		require.NotNil(t, m, "%s: no JSON on stdout (stderr %q)", c.name, errOut)
+		assert.Equal(t, false, m["pass"], c.name)
+		assert.Equal(t, "fail", m["result"], c.name)
+		assert.Contains(t, m["reason"], c.reason, c.name)
+		assert.Contains(t, errOut, c.reason, "%s: stderr still says why", c.name)
+	}
+}

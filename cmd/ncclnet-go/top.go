@@ -28,7 +28,7 @@ import (
 const envMetricsPort = "NCCL_GO_METRICS_PORT"
 
 func runTop(c *cli, args []string) error {
-	fs := newFlags(c, "top", "[ADDR...] [--interval 2s] [--timeout 2s] [--once]", `
+	fs := newFlags(c, "top", "[ADDR...] [--interval DURATION] [--timeout DURATION] [--once]", `
 Scrapes the /metrics endpoints of running ranks (NCCL_GO_METRICS_PORT) and
 shows, per rank and device: send and receive throughput, messages per
 second, requests in flight, open connections, mean completion latency,
@@ -260,6 +260,12 @@ func (s *scraper) scrapeOne(target string) *scrape {
 	fams, err := p.TextToMetricFamilies(body)
 	if body.N == 0 {
 		sc.err = fmt.Errorf("answers with more than %d MiB: not a libnccl-net-go endpoint", maxScrapeBytes>>20)
+		return sc
+	}
+	if err != nil && ctx.Err() != nil {
+		// An endpoint that answers slower than --timeout is not answering,
+		// whether it is slow to accept, to send headers or to send the rest.
+		sc.err = errors.New("timed out")
 		return sc
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -270,4 +271,27 @@ func TestTopDownRowsLineUpWithTheHeader(t *testing.T) {
 	assert.Equal(t, strings.Index(hdr, "RANK"), strings.Index(row, " -")+1, out)
 	assert.Equal(t, strings.Index(hdr, "TRANSPORT"), strings.LastIndex(row, " -")+1, out)
 	assert.Equal(t, strings.Index(hdr, "SEND GB/s"), strings.Index(row, "connection refused"), out)
+}
+
+// An endpoint that sends its headers and then too little of the body before
+// --timeout is listed as timed out, like one that never answers: until
+// 2026-11-29 it was "not a Prometheus text exposition: context deadline
+// exceeded", which sends the operator after the wrong problem.
+func TestTopSlowBodyIsTimedOut(t *testing.T) {
+	testEnv(t, nil)
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		io.WriteString(w, "# HELP ncclnet_info libnccl-net-go\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	out, _, code := runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "300ms", srv.URL)
+	assert.Equal(t, 1, code, out)
+	assert.Regexp(t, `\n127\.0\.0\.1:\d+ +- +- +- +timed out\n`, out)
 }
