@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -479,6 +481,11 @@ func render(w io.Writer, rows []row, ntargets int, interval time.Duration, ansi 
 			num(r.msgps), num(r.inflight[0]) + "/" + num(r.inflight[1]), num(r.conns[0]) + "/" + num(r.conns[1]),
 			latency(r.latency), withNew(r.errors, r.newErrors), withNew(r.stalls, r.newStalls), bytesH(r.sent), bytesH(r.received)})
 	}
+	for _, t := range table {
+		for i := range t {
+			t[i] = printable(t[i])
+		}
+	}
 	width := make([]int, len(cols))
 	for i, c := range cols {
 		width[i] = len(c)
@@ -514,6 +521,29 @@ func render(w io.Writer, rows []row, ntargets int, interval time.Duration, ansi 
 	if !ansi {
 		io.WriteString(w, "\n")
 	}
+}
+
+// printable is a cell as the table shows it: label values and error texts
+// come from whatever answers on a metrics port, and a control character (an
+// escape sequence, a newline) or a byte that is not UTF-8 would redraw the
+// operator's terminal or break the table's rows; each is shown as \xNN.
+func printable(s string) string {
+	if utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 || unicode.IsControl(r) {
+			for _, c := range []byte(s[i : i+n]) {
+				fmt.Fprintf(&b, `\x%02x`, c)
+			}
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 func dash(s string) string {

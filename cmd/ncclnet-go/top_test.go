@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -294,4 +295,23 @@ func TestTopSlowBodyIsTimedOut(t *testing.T) {
 	out, _, code := runCmd(t, "top", "--once", "--interval", "100ms", "--timeout", "300ms", srv.URL)
 	assert.Equal(t, 1, code, out)
 	assert.Regexp(t, `\n127\.0\.0\.1:\d+ +- +- +- +timed out\n`, out)
+}
+
+// Label values and error texts come from whatever answers on a metrics port:
+// a control character or a byte that is not UTF-8 in one was written to the
+// operator's terminal as it came (an escape sequence could clear or redraw
+// it, a newline broke the table). Each is shown as \xNN.
+func TestTopShowsControlBytesEscaped(t *testing.T) {
+	var b strings.Builder
+	render(&b, []row{
+		{target: "h:1", rank: "0", device: "eth\x1b[2J0", transport: "socket\nX", latency: math.NaN()},
+		{target: "h:2", down: "bad \xff answer"},
+	}, 2, time.Second, false)
+	out := b.String()
+	assert.NotContains(t, out, "\x1b", out)
+	assert.Contains(t, out, `eth\x1b[2J0`, out)
+	assert.Contains(t, out, `socket\x0aX`, out)
+	assert.Contains(t, out, `bad \xff answer`, out)
+	assert.Equal(t, 4, strings.Count(strings.TrimRight(out, "\n"), "\n"), "header, blank line, columns, two rows:\n%s", out)
+	assert.Equal(t, "mlx5_0 ünï", printable("mlx5_0 ünï"), "printable text is left alone")
 }
