@@ -397,7 +397,7 @@ func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
 	case wrRecv:
 		kind = "receive"
 	case wrFlush:
-		kind = "flush"
+		return c.flushFailed(wc, ci)
 	}
 	// Of an error completion only wr_id, status, qp_num and vendor_err are
 	// valid (ibv_poll_cq(3); mlx5 fills no more), so the kind comes from
@@ -407,6 +407,31 @@ func (c *commCore) wcFailed(wc *verbs.WC, ci int) error {
 	// A flushed completion is what a QP in the error state returns, which a
 	// dying device causes as well as an earlier failure: wait for the event.
 	return c.verbsFailed(nccl.Errorf(nccl.RemoteError, "NET/GoIB : completion with status %v on %s from %s", wc.Status, c.devs[ci].device, c.peer),
+		wc.Status == verbs.WCWRFlushErr)
+}
+
+// flushFailed is wcFailed for the flush's RDMA READ. That READ goes through
+// a QP connected to itself, from this rank's receive buffer to this rank's
+// flush word: the peer takes no part in it, so the hints that blame the peer
+// (it died, it deregistered its buffer) would send the user to the wrong
+// host. The result stays RemoteError, as NCCL's for every error completion.
+func (c *commCore) flushFailed(wc *verbs.WC, ci int) error {
+	var hint string
+	switch wc.Status {
+	case verbs.WCRetryExcErr:
+		hint = "the READ through the port's loopback was not answered: the port lost its link or its path (check ibstat, the cable, the switch)"
+	case verbs.WCRemAccessErr:
+		hint = "the NIC refused to read the receive buffer through its own registration: the buffer's memory handle was deregistered while the receive or flush was in flight (a caller bug), or its GPU memory was freed"
+	case verbs.WCLocProtErr:
+		hint = "the NIC could not write the flush word: local protection error; PCI ACS is probably breaking GPU-direct; try NCCL_NET_GDR_LEVEL=0 or disable ACS"
+	case verbs.WCWRFlushErr:
+		hint = "the flush QP had already failed (see the first error)"
+	default:
+		hint = "check the fabric (ibv_devinfo, dmesg, port counters)"
+	}
+	c.log.Warnf("NET/GoIB : GPU-direct flush of a receive from %s failed: the loopback RDMA READ on %s completed with status=%v(%d) qp=%d vendor_err=%d; this rank's own NIC failed it, not the peer: %s",
+		c.peer, c.devs[ci].device, wc.Status, int(wc.Status), wc.QPNum, wc.VendorErr, hint)
+	return c.verbsFailed(nccl.Errorf(nccl.RemoteError, "NET/GoIB : flush (loopback RDMA READ) on %s failed with status %v", c.devs[ci].device, wc.Status),
 		wc.Status == verbs.WCWRFlushErr)
 }
 

@@ -1,6 +1,7 @@
 package ib
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -61,8 +62,28 @@ func (c *commCore) regMr(data unsafe.Pointer, size int, ptrType nccl.PtrType) (n
 		return 0, nccl.Errorf(nccl.InternalError, "NET/GoIB : regMr of memory type %d on %s, which supports %#x; GPU memory needs nvidia-peermem or dma-buf", ptrType, c.name, int(c.ptrSupport))
 	}
 	return c.register(data, size, dmabufRef{fd: -1}, func(d *device, err error) error {
-		return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_reg_mr(%p, %d bytes) on %s failed: %w; check the locked-memory limit (ulimit -l unlimited)", data, size, d, err)
+		return nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_reg_mr(%p, %d bytes) on %s failed: %w; %s", data, size, d, err, regHint(err))
 	})
+}
+
+// regHint says what an ibv_reg_mr failure most likely means. ENOMEM (and
+// EPERM, EAGAIN) is the locked-memory limit: the kernel pins the pages and
+// charges them to RLIMIT_MEMLOCK, 64 KiB by default in many containers,
+// less than one connection's control blocks. EFAULT is a range the kernel
+// cannot pin at all: not mapped in this process, or GPU memory without
+// nvidia-peermem; the locked-memory limit has nothing to do with it.
+func regHint(err error) string {
+	var e verbs.Errno
+	if !errors.As(err, &e) {
+		return "check the locked-memory limit (ulimit -l unlimited) and dmesg"
+	}
+	switch e {
+	case verbs.ENOMEM, verbs.EPERM, verbs.EAGAIN:
+		return "check the locked-memory limit (ulimit -l unlimited; in containers --ulimit memlock=-1)"
+	case verbs.EFAULT:
+		return "the range is not memory this process can pin: unmapped, or GPU memory without nvidia-peermem (load it, use dma-buf, or set NCCL_NET_GDR_LEVEL=LOC)"
+	}
+	return "check dmesg and the device (ibv_devinfo)"
 }
 
 // regMrDMABuf registers through the dma-buf fd, cached like host memory.
@@ -136,7 +157,9 @@ func (m *hostMem) register(devs []*device, access verbs.Access) error {
 	for _, d := range devs {
 		mr, err := d.hca.pd.RegMR(m.ptr(), m.addr(), len(m.b), access)
 		if err != nil {
-			return fmt.Errorf("ibv_reg_mr of %d control bytes on %s: %w", len(m.b), d, err)
+			// At connection set-up, where the locked-memory limit is
+			// usually met first: say so, as regMr does.
+			return fmt.Errorf("ibv_reg_mr of %d control bytes on %s: %w; %s", len(m.b), d, err, regHint(err))
 		}
 		m.mrs[m.n] = mr
 		m.lkeys[m.n], m.rkeys[m.n] = mr.LKey(), mr.RKey()

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Provider opens RDMA devices. Devices may be called more than once.
@@ -527,6 +530,11 @@ func errnoName(e int) string {
 	case 19:
 		return "ENODEV"
 	}
+	// Any other errno by its name (EFAULT, EAGAIN, EBUSY...): a WARN that
+	// says "unknown" leaves the user nothing to look up.
+	if n := unix.ErrnoName(syscall.Errno(e)); n != "" {
+		return n
+	}
 	return "unknown"
 }
 
@@ -534,7 +542,9 @@ const (
 	EPERM           Errno = 1
 	ENOENT          Errno = 2
 	EBADF           Errno = 9
+	EAGAIN          Errno = 11
 	ENOMEM          Errno = 12
+	EFAULT          Errno = 14
 	EINVAL          Errno = 22
 	EPROTONOSUPPORT Errno = 93
 	EOPNOTSUPP      Errno = 95

@@ -116,6 +116,9 @@ func (c *context) CreateCQ(entries int) (verbs.CQ, error) {
 	if err := c.aliveLocked("ibv_create_cq"); err != nil {
 		return nil, err
 	}
+	if err := f.callFaultLocked(c.dev.cfg.Name, "ibv_create_cq"); err != nil {
+		return nil, err
+	}
 	if entries < 1 || entries > 4194303 {
 		return nil, fmt.Errorf("softnic: CQ of %d entries: %w", entries, verbs.EINVAL)
 	}
@@ -219,6 +222,9 @@ func (p *pd) CreateQP(a verbs.QPInitAttr) (verbs.QP, error) {
 		}
 	}
 	d := p.ctx.dev
+	if err := f.callFaultLocked(d.cfg.Name, "ibv_create_qp"); err != nil {
+		return nil, err
+	}
 	if len(d.qps) >= d.cfg.MaxQP {
 		return nil, fmt.Errorf("softnic: %s has %d QPs (max_qp): %w", d.cfg.Name, len(d.qps), verbs.ENOMEM)
 	}

@@ -24,6 +24,7 @@ type Fabric struct {
 	nextID  uint64
 	faults  []*faultState
 	mfaults []*modifyFaultState
+	cfaults []*CallFault
 	lags    []CompletionLag
 
 	violations []string
@@ -396,12 +397,63 @@ func (f *Fabric) lagLocked(dev string, op verbs.Opcode) bool {
 	return false
 }
 
+// CallFault makes a resource-creating verb fail with Err, as a real device
+// does when it runs out of something: ibv_reg_mr with ENOMEM when the
+// locked-memory limit (ulimit -l) is reached or EFAULT when the range is not
+// mapped, ibv_create_qp or ibv_create_cq with ENOMEM. Call is the verb's
+// name ("ibv_reg_mr" also covers ibv_reg_dmabuf_mr).
+type CallFault struct {
+	Device string // "" matches any
+	Call   string // "ibv_reg_mr", "ibv_create_qp", "ibv_create_cq"
+	Err    error
+	Count  int // calls to fail before the fault disarms; <= 0 means forever
+	left   int
+}
+
+// InjectCallFault arms a verb failure.
+func (f *Fabric) InjectCallFault(flt CallFault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	flt.left = flt.Count
+	f.cfaults = append(f.cfaults, &flt)
+}
+
+// callFaultLocked is the error an armed CallFault fails dev's call with.
+func (f *Fabric) callFaultLocked(dev, call string) error {
+	for _, cf := range f.cfaults {
+		if cf.Call != call || cf.Device != "" && cf.Device != dev || cf.Count > 0 && cf.left <= 0 {
+			continue
+		}
+		cf.left--
+		return fmt.Errorf("softnic: %s on %s (injected): %w", call, dev, cf.Err)
+	}
+	return nil
+}
+
+// OverrunCQ makes the CQ with the given id overflow, as one whose consumer
+// fell behind does: IBV_EVENT_CQ_ERR to its context, and polling it fails.
+func (d *Device) OverrunCQ(id uint64) bool {
+	d.fabric.mu.Lock()
+	defer d.fabric.mu.Unlock()
+	for c := range d.ctxs {
+		if q, ok := c.cqs[id]; ok {
+			if !q.overrun {
+				q.overrun = true
+				d.deliverLocked(verbs.AsyncEvent{Type: verbs.EventCQErr, CQID: id})
+			}
+			return true
+		}
+	}
+	return false
+}
+
 // ClearFaults disarms every fault.
 func (f *Fabric) ClearFaults() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.faults = nil
 	f.mfaults = nil
+	f.cfaults = nil
 }
 
 func (f *Fabric) matchFaultLocked(dev string, qpn uint32, op verbs.Opcode) (verbs.WCStatus, bool) {

@@ -116,6 +116,9 @@ func (p *pd) register(m *mr) (verbs.MR, error) {
 	if err := p.aliveLocked("ibv_reg_mr"); err != nil {
 		return nil, err
 	}
+	if err := f.callFaultLocked(p.ctx.dev.cfg.Name, "ibv_reg_mr"); err != nil {
+		return nil, err
+	}
 	f.nextKey += 0x101 // keys look random-ish and are never 0
 	m.pd, m.key = p, f.nextKey
 	p.ctx.dev.mrs[m.key] = m
