@@ -1,6 +1,7 @@
 package ib
 
 import (
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -184,7 +185,7 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		n := min(2*maxRequests*qpsPerDev+extraCQ, max(d.hca.attr.MaxCQE, 256))
 		cq, err := d.hca.ctx.CreateCQ(n)
 		if err != nil {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_cq(%d) on %s: %w", n, d, err)
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_cq(%d) on %s: %w; %s", n, d, err, createHint(err, ""))
 		}
 		c.cqs = append(c.cqs, cq)
 		d.hca.owners.Store(cq.ID(), c)
@@ -195,7 +196,8 @@ func newCore(t *Transport, devs []*device, nqps int, access verbs.Access, extraC
 		qp, err := d.hca.pd.CreateQP(verbs.QPInitAttr{SendCQ: c.cqs[di], RecvCQ: c.cqs[di], MaxSendWR: 2 * maxRequests,
 			MaxRecvWR: maxRecv, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: maxInline})
 		if err != nil {
-			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_qp on %s: %w (max_qp %d reached? NCCL_IB_QPS_PER_CONNECTION lowers the count)", d, err, d.hca.attr.MaxQP)
+			return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_create_qp on %s: %w; %s", d, err,
+				createHint(err, fmt.Sprintf("or the device's max_qp (%d) is reached: NCCL_IB_QPS_PER_CONNECTION lowers the count per connection", d.hca.attr.MaxQP)))
 		}
 		c.qps = append(c.qps, commQP{qp: qp, dev: di})
 		d.hca.owners.Store(qp.Num(), c)
@@ -433,6 +435,26 @@ func (c *commCore) flushFailed(wc *verbs.WC, ci int) error {
 		c.peer, c.devs[ci].device, wc.Status, int(wc.Status), wc.QPNum, wc.VendorErr, hint)
 	return c.verbsFailed(nccl.Errorf(nccl.RemoteError, "NET/GoIB : flush (loopback RDMA READ) on %s failed with status %v", c.devs[ci].device, wc.Status),
 		wc.Status == verbs.WCWRFlushErr)
+}
+
+// createHint says what a failed ibv_create_qp or ibv_create_cq most likely
+// means. Their queues are memory the provider allocates in this process and
+// the kernel pins, charged to the locked-memory limit like a registration,
+// so ENOMEM is that limit far more often than the device's own maximum
+// (more names the latter for QPs).
+func createHint(err error, more string) string {
+	var e verbs.Errno
+	if errors.As(err, &e) && (e == verbs.ENOMEM || e == verbs.EAGAIN || e == verbs.EPERM) {
+		h := "check the locked-memory limit (ulimit -l unlimited; in containers --ulimit memlock=-1): queues are pinned memory"
+		if more != "" {
+			h += "; " + more
+		}
+		return h
+	}
+	if more != "" {
+		return "check dmesg and the device (ibv_devinfo), " + more
+	}
+	return "check dmesg and the device (ibv_devinfo)"
 }
 
 // ptrSupport is what NCCL may register on a comm over devs.

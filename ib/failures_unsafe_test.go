@@ -155,3 +155,29 @@ func TestFlushCompletionErrorDoesNotBlameThePeer(t *testing.T) {
 		})
 	}
 }
+
+// A QP's and a CQ's queues are memory the provider allocates and the kernel
+// pins, charged to the locked-memory limit: ENOMEM from ibv_create_qp or
+// ibv_create_cq is that limit far more often than the device's max_qp, which
+// was the only hint ("max_qp 131072 reached?") and none for a CQ.
+func TestCreateQueueFailureNamesTheLockedMemoryLimit(t *testing.T) {
+	for _, call := range []string{"ibv_create_qp", "ibv_create_cq"} {
+		t.Run(call, func(t *testing.T) {
+			setEnv(t)
+			f, a, b := twoHosts(t, softnic.DeviceConfig{})
+			f.InjectCallFault(softnic.CallFault{Device: "simA_0", Call: call, Err: verbs.ENOMEM, Count: 1})
+			l, h := listenOn(t, b, 0)
+			var cerr error
+			within(t, "the connect fails", func() (bool, error) {
+				sc, err := a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef})
+				require.Nil(t, sc)
+				_, _ = l.Accept()
+				cerr = err
+				return err != nil, nil
+			})
+			assert.Equal(t, nccl.SystemError, nccl.ResultOf(cerr))
+			assert.ErrorContains(t, cerr, call)
+			assert.ErrorContains(t, cerr, "errno 12 (ENOMEM); check the locked-memory limit (ulimit -l unlimited")
+		})
+	}
+}
