@@ -2,6 +2,8 @@ package socket
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"sync"
 	"syscall"
 
@@ -48,14 +50,18 @@ type dialSock struct {
 
 // connectOp is one connection being set up.
 type connectOp struct {
-	id    uint64
-	log   nccl.Logger
-	info  handleInfo
-	addr  string
-	sa    unix.Sockaddr
-	opts  sockOpts
-	pol   ncclsock.Retry
-	start int64
+	id   uint64
+	log  nccl.Logger
+	info handleInfo
+	addr string
+	sa   unix.Sockaddr
+	// local is the address each stream binds before connecting (nil: the
+	// kernel chooses): device d's own, for a listener on d's subnet.
+	local  unix.Sockaddr
+	device string // the device NCCL connected on, for WARNs
+	opts   sockOpts
+	pol    ncclsock.Retry
+	start  int64
 	// deadline: NCCL_GO_TIMEOUT after start (its default when it is off).
 	deadline int64
 
@@ -83,6 +89,8 @@ func newConnectOp(id uint64, hi handleInfo, d *device, log nccl.Logger) *connect
 		scope = d.index
 	}
 	op.sa = sockaddrOf(hi.addr, scope)
+	op.local = localAddr(hi, d)
+	op.device = d.name
 	op.addr = dialAddr(hi, d)
 	op.deadline = op.start + int64(timeout.Bound(op.opts.timeout))
 	h := hello{magic: hi.magic, version: protoVersion, streams: hi.streams, secret: hi.secret, connID: id}
@@ -216,8 +224,8 @@ func (op *connectOp) step() {
 			why = "last error: " + op.lastErr.Error()
 		}
 		bound := timeout.Bound(op.opts.timeout)
-		op.log.Warnf("NET/GoSocket : connect to %s: %d of %d streams connected within %s=%v; %s; check that the peer "+
-			"is alive and that %s selects an interface that can reach it", op.addr, done, len(op.socks),
+		op.log.Warnf("NET/GoSocket : connect to %s on device %s: %d of %d streams connected within %s=%v; %s; check that the peer "+
+			"is alive and that %s selects an interface that can reach it", op.addr, op.deviceState(), done, len(op.socks),
 			envTimeout, bound, why, envIfname)
 		op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: not connected within %s=%v (%s)", op.addr,
 			envTimeout, bound, why))
@@ -253,6 +261,17 @@ func (op *connectOp) dial(i int, t int64) {
 		op.log.Warnf("NET/GoSocket : cannot create a socket to connect to %s: %v%s", op.addr, err, fdHint(err))
 		op.finish(nccl.Errorf(nccl.SystemError, "socket for %s: %w", op.addr, err))
 		return
+	}
+	if op.local != nil {
+		// Without a port: bind must not take one per stream from the
+		// ephemeral range before connect picks the peer.
+		_ = unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+		if err := unix.Bind(fd, op.local); err != nil {
+			// The address went away since Init: connect as NCCL does.
+			op.log.Infof(nccl.SubsysNet, "NET/GoSocket : connect to %s: cannot bind device %s's address %v (%v); "+
+				"letting the kernel choose", op.addr, op.device, addrPortOf(op.local).Addr(), err)
+			op.local = nil
+		}
 	}
 	s.fd, s.sent = fd, 0
 	switch err := unix.Connect(fd, op.sa); err {
@@ -290,10 +309,26 @@ func (op *connectOp) attemptFailed(i int, err error, t int64) {
 		s.state = dialWait
 		return
 	}
-	op.log.Warnf("NET/GoSocket : connect to %s failed after %d retries: %v; check that the peer is alive and "+
+	op.log.Warnf("NET/GoSocket : connect to %s on device %s failed after %d retries: %v; check that the peer is alive and "+
 		"that %s selects an interface that can reach it (%s / %s tune the retries, %s bounds them)",
-		op.addr, s.attempt, err, envIfname, envRetryCnt, envRetrySleep, envTimeout)
+		op.addr, op.deviceState(), s.attempt, err, envIfname, envRetryCnt, envRetrySleep, envTimeout)
 	op.finish(nccl.Errorf(nccl.SystemError, "connect to %s: %w", op.addr, err))
+}
+
+// deviceState names the device the connect was made on and, when its
+// interface is no longer up and running (a rail whose link went down after
+// Init), says so: on a host with one NIC per GPU that is the likely cause.
+func (op *connectOp) deviceState() string {
+	i, err := net.InterfaceByName(op.device)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("%s (the interface is gone: %v)", op.device, err)
+	case i.Flags&net.FlagUp == 0:
+		return op.device + " (the interface is down now)"
+	case i.Flags&net.FlagRunning == 0:
+		return op.device + " (the interface is up but not running now: no carrier)"
+	}
+	return op.device
 }
 
 // finish ends the connect with err, closing every socket it opened.

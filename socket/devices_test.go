@@ -1,16 +1,19 @@
 package socket
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/libnccl-net-go/libnccl-net-go/internal/ncclsock"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
@@ -246,4 +249,115 @@ func TestListenOnVanishedAddressSaysSo(t *testing.T) {
 			assert.NotContains(t, log.String(), "check NCCL_SOCKET_IFNAME", "the interface setting is not what is wrong")
 		})
 	}
+}
+
+// TestDevicesSharingASubnetWarn: two selected NICs on one subnet (a common
+// mistake on hosts with one NIC per GPU) get a WARN naming both; NICs on
+// their own subnets, loopback and link-local addresses do not.
+func TestDevicesSharingASubnetWarn(t *testing.T) {
+	pfx := func(name string, idx int, addrs ...string) Iface {
+		i := Iface{Name: name, Index: idx, Up: true, Running: true}
+		for _, a := range addrs {
+			i.Addrs = append(i.Addrs, netip.MustParsePrefix(a))
+		}
+		return i
+	}
+	withEnv(t, map[string]string{envIfname: "lo,eth"})
+	log := &captureLog{}
+	tr := &Transport{sysRoot: "testdata/sys-none", ifaces: fakeIfaces{
+		pfx("lo", 1, "127.0.0.1/8"),
+		pfx("eth0", 2, "10.0.0.1/24", "fe80::1/64"),
+		pfx("eth1", 3, "10.0.1.1/24", "fe80::2/64"),
+		pfx("eth2", 4, "10.0.0.2/24"),
+		pfx("eth3", 5, "fe80::3/64"),
+	}}
+	require.NoError(t, tr.Init(nccl.InitContext{Log: log}))
+	defer tr.Finalize()
+	require.Equal(t, 5, tr.Devices())
+	assert.Contains(t, log.String(), "WARN NET/GoSocket : devices on the same subnet: eth0 (10.0.0.1/24) and eth2 (10.0.0.2/24);")
+	assert.Equal(t, 1, strings.Count(log.String(), " and "), "only eth0 and eth2 share a subnet: %s", log)
+
+	withEnv(t, map[string]string{envIfname: "eth0,eth1"})
+	log = &captureLog{}
+	tr = &Transport{sysRoot: "testdata/sys-none", ifaces: fakeIfaces{pfx("eth0", 2, "10.0.0.1/24"), pfx("eth1", 3, "10.0.1.1/24")}}
+	require.NoError(t, tr.Init(nccl.InitContext{Log: log}))
+	defer tr.Finalize()
+	assert.NotContains(t, log.String(), "WARN")
+
+	// A host that routes each address out of its own NIC (a cloud host
+	// with several NICs in one subnet) is set up for it: no WARN, unless
+	// one of the pair lacks its rule.
+	withEnv(t, map[string]string{envIfname: "eth"})
+	shared := fakeIfaces{pfx("eth0", 2, "10.0.0.1/24"), pfx("eth2", 4, "10.0.0.2/24")}
+	for _, c := range []struct {
+		rules []string
+		warn  bool
+	}{
+		{[]string{"10.0.0.1/32", "10.0.0.2/32"}, false},
+		{[]string{"10.0.0.1/32"}, true},
+		{[]string{"10.9.0.0/16"}, true},
+		{nil, true},
+	} {
+		var rules []netip.Prefix
+		for _, r := range c.rules {
+			rules = append(rules, netip.MustParsePrefix(r))
+		}
+		sourceRules.Set(t, func() ([]netip.Prefix, error) { return rules, nil })
+		log = &captureLog{}
+		tr = &Transport{sysRoot: "testdata/sys-none", ifaces: shared}
+		require.NoError(t, tr.Init(nccl.InitContext{Log: log}))
+		tr.Finalize()
+		assert.Equal(t, c.warn, strings.Contains(log.String(), "devices on the same subnet"), "rules %v:\n%s", c.rules, log)
+	}
+}
+
+// ruleSource reads the netlink rule messages `ip rule` lists: the source
+// prefix of a rule that sends traffic to a table, nothing for the others.
+func TestRuleSource(t *testing.T) {
+	msg := func(fam, srcLen, action byte, attrs ...[]byte) []byte {
+		b := []byte{fam, 0, srcLen, 0, 100, 0, 0, action, 0, 0, 0, 0}
+		for _, a := range attrs {
+			b = append(b, a...)
+		}
+		return b
+	}
+	attr := func(typ uint16, data ...byte) []byte {
+		b := make([]byte, 4, 4+len(data)+3)
+		binary.NativeEndian.PutUint16(b[0:2], uint16(4+len(data)))
+		binary.NativeEndian.PutUint16(b[2:4], typ)
+		b = append(b, data...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	table := attr(unix.FRA_TABLE, 100, 0, 0, 0)
+	p, ok := ruleSource(msg(unix.AF_INET, 32, unix.FR_ACT_TO_TBL, table, attr(unix.FRA_SRC, 10, 0, 0, 2)))
+	assert.True(t, ok)
+	assert.Equal(t, "10.0.0.2/32", p.String())
+	v6 := netip.MustParseAddr("2001:db8::5").As16()
+	p, ok = ruleSource(msg(unix.AF_INET6, 64, unix.FR_ACT_TO_TBL, attr(unix.FRA_SRC, v6[:]...)))
+	assert.True(t, ok)
+	assert.Equal(t, "2001:db8::/64", p.String())
+	_, ok = ruleSource(msg(unix.AF_INET, 0, unix.FR_ACT_TO_TBL, table))
+	assert.False(t, ok, "no source: the main and default rules")
+	_, ok = ruleSource(msg(unix.AF_INET, 32, 2, attr(unix.FRA_SRC, 10, 0, 0, 2)))
+	assert.False(t, ok, "not to a table (goto, blackhole...)")
+	_, ok = ruleSource([]byte{2, 0, 32})
+	assert.False(t, ok, "truncated")
+	rules := []netip.Prefix{netip.MustParsePrefix("10.0.0.2/32")}
+	assert.True(t, sourceRouted(rules, netip.MustParseAddr("::ffff:10.0.0.2")), "an IPv4-mapped address is its IPv4 address")
+	assert.False(t, sourceRouted(rules, netip.MustParseAddr("10.0.0.1")))
+}
+
+// TestLocalAddrBindsOnlyOnTheDevicesSubnet: a connect binds its device's
+// address only for a listener on that device's subnet; elsewhere (another
+// rail, a routed peer, itself, loopback) the kernel chooses, as in NCCL.
+func TestLocalAddrBindsOnlyOnTheDevicesSubnet(t *testing.T) {
+	d := &device{name: "eth1", addr: ip("10.0.0.11"), subnet: netip.MustParsePrefix("10.0.0.0/24")}
+	to := func(s string) handleInfo { return handleInfo{addr: netip.MustParseAddrPort(s)} }
+	assert.Equal(t, &unix.SockaddrInet4{Addr: [4]byte{10, 0, 0, 11}}, localAddr(to("10.0.0.12:5000"), d))
+	assert.Nil(t, localAddr(to("10.0.1.12:5000"), d), "another subnet")
+	assert.Nil(t, localAddr(to("10.0.0.11:5000"), d), "ourselves")
+	assert.Nil(t, localAddr(to("127.0.0.1:5000"), &device{name: "lo", addr: ip("127.0.0.1")}), "loopback has no subnet")
 }

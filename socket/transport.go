@@ -87,6 +87,15 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 		names[i] = fmt.Sprintf("[%d]%s", i, d)
 	}
 	t.log.Infof(nccl.SubsysInit|nccl.SubsysNet, "NET/GoSocket : using %s (%s)", strings.Join(names, " "), how)
+	// The host's source rules only matter where two devices share a subnet;
+	// without them (no netlink), such a pair gets the WARN.
+	rules, _ := sourceRules.Get()()
+	if shared := sharedSubnets(devs, rules); len(shared) > 0 {
+		t.log.Warnf("NET/GoSocket : devices on the same subnet: %s; the kernel sends a subnet's traffic through one "+
+			"interface, so NCCL's choice of NIC per GPU is lost unless each address is routed out of its own NIC "+
+			"(ip rule add from <addr> table <n>); give each NIC its own subnet, add those rules, or select one with %s",
+			strings.Join(shared, "; "), envIfname)
+	}
 	if peerTimeout(t.log) <= 0 {
 		t.log.Warnf("NET/GoSocket : %s <= 0: a peer whose host vanishes (power loss, cut link) is never detected; "+
 			"its requests stay pending until NCCL's watchdog; closed or killed peers are still seen", envTimeout)

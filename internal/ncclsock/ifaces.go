@@ -67,6 +67,8 @@ type Device struct {
 	Name  string
 	Index int
 	Addr  netip.Addr // an IPv6 link-local address carries the interface as zone
+	// Bits is the length of Addr's subnet prefix on the interface.
+	Bits int
 }
 
 func (d Device) String() string { return fmt.Sprintf("%s<%s>", d.Name, d.Addr) }
@@ -151,16 +153,16 @@ func match(ifs []Interface, l ncclenv.List, fam ncclenv.Family, o Options) []Dev
 			if taken[i.Name] || !i.Up || !i.Running || !l.Match(i.Name, -1) {
 				continue
 			}
-			if a, ok := firstAddr(i, pass); ok {
+			if a, bits, ok := firstAddr(i, pass); ok {
 				taken[i.Name] = true
-				out = append(out, Device{Name: i.Name, Index: i.Index, Addr: a})
+				out = append(out, Device{Name: i.Name, Index: i.Index, Addr: a, Bits: bits})
 			}
 		}
 	}
 	return out
 }
 
-func firstAddr(i Interface, fam ncclenv.Family) (netip.Addr, bool) {
+func firstAddr(i Interface, fam ncclenv.Family) (netip.Addr, int, bool) {
 	for _, p := range i.Addrs {
 		a := p.Addr().Unmap()
 		if !a.IsValid() || a.Is4() != (fam == ncclenv.IPv4) {
@@ -174,9 +176,9 @@ func firstAddr(i Interface, fam ncclenv.Family) (netip.Addr, bool) {
 				a = a.WithZone(i.Name) // meaningless without its interface
 			}
 		}
-		return a, true
+		return a, p.Bits(), true
 	}
-	return netip.Addr{}, false
+	return netip.Addr{}, 0, false
 }
 
 // subnetOfCommID is NCCL's ncclFindInterfaceMatchSubnet: the first running
@@ -231,7 +233,7 @@ func subnetOfCommID(ifs []Interface, o Options) (Device, bool) {
 				if linkLocal {
 					a = a.WithZone(i.Name)
 				}
-				return Device{Name: i.Name, Index: i.Index, Addr: a}, true
+				return Device{Name: i.Name, Index: i.Index, Addr: a, Bits: p.Bits()}, true
 			}
 		}
 	}
@@ -287,8 +289,8 @@ func Unusable(ifs []Interface, o Options) []string {
 		case !i.Running:
 			out = append(out, i.Name+" is up but not running (no carrier)")
 		default:
-			_, ok4 := firstAddr(i, ncclenv.IPv4)
-			_, ok6 := firstAddr(i, ncclenv.IPv6)
+			_, _, ok4 := firstAddr(i, ncclenv.IPv4)
+			_, _, ok6 := firstAddr(i, ncclenv.IPv6)
 			switch {
 			case fam == ncclenv.IPv4 && !ok4:
 				out = append(out, i.Name+" has no AF_INET address")
