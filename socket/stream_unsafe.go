@@ -651,6 +651,7 @@ type helper struct {
 
 func (h *helper) run() {
 	defer h.c.hwg.Done()
+	blockHostSignals() // the host's handlers run on its own threads (sigmask.go)
 	send := h.streams[0].send
 	// A broken stream fails the whole connection: nothing left to help with.
 	for !h.c.closing.Load() && h.c.err.Load() == nil {
