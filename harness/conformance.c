@@ -1572,13 +1572,13 @@ static int chk_fork_child_init(conf_t* c) {
   close(p[0]);
   if (pr == 0) {
     kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    waitpid_r(pid, NULL, 0);
     return fail(c, "init in a child forked after the plugin was loaded did not return within %d s: a worker process "
                    "that calls NCCL hangs (a Go plugin's runtime does not run in a forked child: refuse there)",
                 wait_ms / 1000);
   }
   int st = 0;
-  waitpid(pid, &st, 0);
+  waitpid_r(pid, &st, 0);
   if (got != (ssize_t)sizeof res) return fail(c, "the forked child died in init (%s)", wait_status_str(st, c->note, sizeof c->note));
   snprintf(c->note, sizeof c->note, "(the child's init returned %s)", result_str((ncclResult_t)res));
   return 0;

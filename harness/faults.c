@@ -608,11 +608,11 @@ static int run_cmd(const char* cmd, double limit_s) {
   uint64_t until = now_ns() + (uint64_t)(limit_s * 1e9);
   for (;;) {
     int st;
-    pid_t w = waitpid(pid, &st, WNOHANG);
+    pid_t w = waitpid_r(pid, &st, WNOHANG);
     if (w == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
     if (now_ns() > until) {
       kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
+      waitpid_r(pid, &st, 0);
       return 124;
     }
     sleep_ms(5);
@@ -677,11 +677,11 @@ static int stop_injector(pid_t pid, double wait_s) {
   uint64_t until = now_ns() + (uint64_t)(wait_s * 1e9);
   int st = 0;
   for (;;) {
-    pid_t w = waitpid(pid, &st, WNOHANG);
+    pid_t w = waitpid_r(pid, &st, WNOHANG);
     if (w == pid) break;
     if (now_ns() > until) {
       kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
+      waitpid_r(pid, &st, 0);
       return -1;
     }
     sleep_ms(10);

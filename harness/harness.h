@@ -29,6 +29,9 @@
 /* ---------------------------------------------------------------- util.c */
 
 uint64_t now_ns(void);
+/* waitpid that retries EINTR: the host (or a test's signal storm) may have
+ * handlers without SA_RESTART. */
+pid_t waitpid_r(pid_t pid, int* st, int flags);
 double now_s(void);
 void sleep_ms(int ms);
 /* Page-aligned, zeroed-on-demand buffer (mmap), so 1 GiB buffers don't fault all at once. */

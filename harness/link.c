@@ -101,7 +101,7 @@ int pick_version(const opts_t* o, shm_t* shm, char* err, size_t errlen) {
     _exit(0);
   }
   int st;
-  if (pid < 0 || waitpid(pid, &st, 0) != pid) {
+  if (pid < 0 || waitpid_r(pid, &st, 0) != pid) {
     snprintf(err, errlen, "could not fork a probe process");
     return -1;
   }

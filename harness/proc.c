@@ -220,7 +220,7 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
     for (int i = 0; i < 2; i++)
       if (pid[i] > 0) {
         kill(pid[i], SIGKILL);
-        waitpid(pid[i], NULL, 0);
+        waitpid_r(pid[i], NULL, 0);
       }
     return -1;
   }
@@ -229,7 +229,7 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
     for (int i = 0; i < 2; i++) {
       if (out->exited[i] || pid[i] <= 0) continue;
       int st;
-      pid_t w = waitpid(pid[i], &st, WNOHANG);
+      pid_t w = waitpid_r(pid[i], &st, WNOHANG);
       if (w == pid[i]) {
         out->exited[i] = 1;
         out->status[i] = st;
@@ -244,11 +244,8 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
         if (!out->exited[i]) kill(pid[i], SIGKILL);
       for (int i = 0; i < 2; i++) {
         int st;
-        pid_t w;
         if (out->exited[i]) continue;
-        while ((w = waitpid(pid[i], &st, 0)) < 0 && errno == EINTR) {
-        }
-        if (w == pid[i]) {
+        if (waitpid_r(pid[i], &st, 0) == pid[i]) {
           out->exited[i] = 1;
           out->status[i] = st;
         }
@@ -261,7 +258,7 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
         sleep_ms(200); /* let the survivor record what it saw */
         kill(pid[1 - i], SIGKILL);
         int st;
-        if (waitpid(pid[1 - i], &st, 0) == pid[1 - i]) {
+        if (waitpid_r(pid[1 - i], &st, 0) == pid[1 - i]) {
           out->exited[1 - i] = 1;
           out->status[1 - i] = st;
         }
@@ -310,7 +307,7 @@ int run_pair(shm_t* shm, rank_fn fn, void* arg, double per_check, double total, 
       for (int i = 0; i < 2; i++) {
         if (out->exited[i]) continue;
         int st;
-        if (waitpid(pid[i], &st, 0) == pid[i]) {
+        if (waitpid_r(pid[i], &st, 0) == pid[i]) {
           out->exited[i] = 1;
           out->status[i] = st;
         }

@@ -9,10 +9,18 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
+
+pid_t waitpid_r(pid_t pid, int* st, int flags) {
+  pid_t w;
+  while ((w = waitpid(pid, st, flags)) < 0 && errno == EINTR) {
+  }
+  return w;
+}
 
 uint64_t now_ns(void) {
   struct timespec ts;
