@@ -1,7 +1,6 @@
 package ib
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -443,18 +442,14 @@ func (c *commCore) flushFailed(wc *verbs.WC, ci int) error {
 // so ENOMEM is that limit far more often than the device's own maximum
 // (more names the latter for QPs).
 func createHint(err error, more string) string {
-	var e verbs.Errno
-	if errors.As(err, &e) && (e == verbs.ENOMEM || e == verbs.EAGAIN || e == verbs.EPERM) {
-		h := "check the locked-memory limit (ulimit -l unlimited; in containers --ulimit memlock=-1): queues are pinned memory"
-		if more != "" {
-			h += "; " + more
-		}
-		return h
+	h := "check dmesg and the device (ibv_devinfo)"
+	if memlockErr(err) {
+		h = memlockHint + ": queues are pinned memory"
 	}
 	if more != "" {
-		return "check dmesg and the device (ibv_devinfo), " + more
+		h += "; " + more
 	}
-	return "check dmesg and the device (ibv_devinfo)"
+	return h
 }
 
 // ptrSupport is what NCCL may register on a comm over devs.

@@ -74,16 +74,26 @@ func (c *commCore) regMr(data unsafe.Pointer, size int, ptrType nccl.PtrType) (n
 // nvidia-peermem; the locked-memory limit has nothing to do with it.
 func regHint(err error) string {
 	var e verbs.Errno
-	if !errors.As(err, &e) {
+	switch {
+	case !errors.As(err, &e):
 		return "check the locked-memory limit (ulimit -l unlimited) and dmesg"
-	}
-	switch e {
-	case verbs.ENOMEM, verbs.EPERM, verbs.EAGAIN:
-		return "check the locked-memory limit (ulimit -l unlimited; in containers --ulimit memlock=-1)"
-	case verbs.EFAULT:
+	case memlockErr(err):
+		return memlockHint
+	case e == verbs.EFAULT:
 		return "the range is not memory this process can pin: unmapped, or GPU memory without nvidia-peermem (load it, use dma-buf, or set NCCL_NET_GDR_LEVEL=LOC)"
 	}
 	return "check dmesg and the device (ibv_devinfo)"
+}
+
+// memlockHint is the advice for a verb that pins memory and failed for want
+// of it (memlockErr).
+const memlockHint = "check the locked-memory limit (ulimit -l unlimited; in containers --ulimit memlock=-1)"
+
+// memlockErr reports whether err is what the kernel answers when pinning
+// would pass RLIMIT_MEMLOCK: ENOMEM, or EPERM / EAGAIN on some kernels.
+func memlockErr(err error) bool {
+	var e verbs.Errno
+	return errors.As(err, &e) && (e == verbs.ENOMEM || e == verbs.EPERM || e == verbs.EAGAIN)
 }
 
 // regMrDMABuf registers through the dma-buf fd, cached like host memory.

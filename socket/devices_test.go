@@ -262,6 +262,8 @@ func TestDevicesSharingASubnetWarn(t *testing.T) {
 		}
 		return i
 	}
+	// The host's own policy-routing rules must not decide the outcome.
+	sourceRules.Set(t, func() ([]netip.Prefix, error) { return nil, nil })
 	withEnv(t, map[string]string{envIfname: "lo,eth"})
 	log := &captureLog{}
 	tr := &Transport{sysRoot: "testdata/sys-none", ifaces: fakeIfaces{
