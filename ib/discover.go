@@ -62,6 +62,9 @@ func (t *Transport) discoverLocked() error {
 				d.realPort++
 			}
 		}
+		// The registration series carry the port NCCL shows, as the glue's
+		// traffic series of the same device do (docs/metrics.md).
+		d.stats.met = metrics.ForDevice(t.Name(), d.name, d.port+d.realPort)
 	}
 	if t.cfg.pciOrder {
 		// NCCL orders by the full path, so the ports and VFs that merge into
@@ -135,7 +138,6 @@ func (t *Transport) openHCA(name string, filter hcaFilter, gcfg gidConfig, seen 
 		if t.cfg.adaptive != arAuto {
 			d.ar = t.cfg.adaptive == 1
 		}
-		d.stats.met = metrics.ForDevice(t.Name(), name, port)
 		d.gidIndex, d.gid, err = selectGID(ctx, t.fs, port, pa, gcfg)
 		if err != nil {
 			t.log.Warnf("NET/GoIB : %s:%d skipped: %v", name, port, err)

@@ -421,3 +421,45 @@ func TestSenderClosingAfterLastSendIsNoFailure(t *testing.T) {
 		assert.Equal(t, pattern(size, byte(i)), rb.b[i*size:(i+1)*size])
 	}
 }
+
+// A connector always asks for at least one QP per member of the larger side
+// (max of both device counts); a fused listener's receive comm sends each
+// clear-to-send on the first QP of member (id % ndevs). A peer that offers
+// fewer QPs than the listener has members (another build, or a forged
+// handshake) left the receive comm indexing past its QPs on the first
+// irecv, a panic on NCCL's progress thread. The handshake refuses it.
+func TestFusedListenerRefusesFewerQPsThanItsMembers(t *testing.T) {
+	setEnv(t)
+	_, _, _, b, bv := fusedHosts(t, 1, 2)
+	l, h := listenOn(t, b, bv)
+	hi, err := readHandle(h)
+	require.NoError(t, err)
+	c, err := net.Dial("tcp", hi.addr.String())
+	require.NoError(t, err)
+	defer c.Close()
+	m := connMeta{NDevs: 1, NQPs: 1, NDataQPs: 1}
+	m.Devs[0] = devMeta{LID: 999, LinkLayer: uint8(verbs.LinkInfiniBand), MTU: 5, Port: 1, RKey: 0x1234}
+	m.QPs[0] = qpMeta{QPN: 0xabcdef}
+	m.Addr = 0x10000
+	go func() {
+		var r helloReply
+		var rm connMeta
+		if writeMsg(c, &hello{Magic: hi.magic, Type: socketTypeNetIB, Version: protoVersion, Secret: hi.secret, NDevs: 1, LinkLayer: uint32(verbs.LinkInfiniBand)}) != nil ||
+			readMsg(c, &r) != nil || writeMsg(c, &m) != nil || readMsg(c, &rm) != nil {
+			return
+		}
+		_ = writeMsg(c, uint32(readyMagic))
+	}()
+	var rc nccl.RecvComm
+	var aerr error
+	within(t, "accept", func() (bool, error) {
+		rc, aerr = l.Accept()
+		return rc != nil || aerr != nil, nil
+	})
+	if rc != nil {
+		defer rc.Close()
+	}
+	require.Error(t, aerr, "a peer offering 1 QP to a listener fused from 2 ports")
+	assert.Equal(t, nccl.SystemError, nccl.ResultOf(aerr))
+	assert.ErrorContains(t, aerr, "QPs")
+}

@@ -220,6 +220,13 @@ func (l *listener) handshake(conn net.Conn, h *hello) (*recvComm, error) {
 	if err := validateMeta(&sm, int(sm.NQPs)); err != nil {
 		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: %v", conn.RemoteAddr(), err)
 	}
+	// A connector makes at least one QP per member of the larger side, and
+	// the receive comm relies on it: each clear-to-send goes on the first QP
+	// of member (id % ndevs).
+	if need := max(len(l.devs), int(sm.NDevs)); int(sm.NQPs) < need {
+		return nil, nccl.Errorf(nccl.SystemError, "NET/GoIB : handshake with %v: peer offers %d QPs for %d local and %d remote devices (at least %d needed): mismatched plugin versions?",
+			conn.RemoteAddr(), sm.NQPs, len(l.devs), sm.NDevs, need)
+	}
 	rc, err := newRecvComm(t, l.devs, &sm, conn.RemoteAddr().String(), setupBound{by: deadline, abort: l.quit})
 	if err != nil {
 		return nil, err

@@ -187,6 +187,32 @@ func TestMRCacheCountersReachMetrics(t *testing.T) {
 	assert.Equal(t, r0, m.MRRegistered.Load(), "released when the last reference goes")
 }
 
+// The registration series of a port carry the same port label as its
+// traffic series: the port number NCCL shows (ibv port + realPort), which the
+// glue labels traffic with (docs/metrics.md). The second port of a one-function
+// dual-port card is NCCL port 3; its registrations were counted under ibv
+// port 2, a series no traffic series matched.
+func TestMRCacheCountersUseNCCLsPortNumber(t *testing.T) {
+	setEnv(t)
+	f := softnic.NewFabric()
+	f.AddDevice(softnic.DeviceConfig{Name: "mrportA_0", Ports: 2})
+	f.AddDevice(softnic.DeviceConfig{Name: "mrportB_0", Ports: 2})
+	a := newHost(t, f, verbs.Features{}, "mrportA_0")
+	b := newHost(t, f, verbs.Features{}, "mrportB_0")
+	p, err := a.t.Properties(1)
+	require.NoError(t, err)
+	require.Equal(t, []any{"mrportA_0", 3}, []any{p.Name, p.Port}, "ibv port 2 after one port on the same PCI path")
+	sc, _ := connectPair(t, a, 1, b, 1)
+	want, ibvPort := metrics.ForDevice("ib", p.Name, p.Port), metrics.ForDevice("ib", p.Name, 2)
+	m0, stray := want.MRMisses.Load(), ibvPort.MRMisses.Load()
+	mem := mmapBytes(t, 4096)
+	mh, err := sc.RegMr(unsafe.Pointer(&mem[0]), len(mem), nccl.PtrHost)
+	require.NoError(t, err)
+	assert.Equal(t, m0+1, want.MRMisses.Load(), "counted under the port NCCL shows (%d)", p.Port)
+	assert.Equal(t, stray, ibvPort.MRMisses.Load(), "nothing counted under the bare ibv port")
+	require.NoError(t, sc.DeregMr(mh))
+}
+
 // TestDataPathDoesNotAllocate runs the steady-state isend/irecv/test loop
 // and requires zero heap allocations per message.
 func TestDataPathDoesNotAllocate(t *testing.T) {
