@@ -1,9 +1,6 @@
 package ib
 
 import (
-	"fmt"
-	"os"
-	"os/exec"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -20,36 +17,17 @@ import (
 // link-local management network may have.
 func newLinkLocalPair(t *testing.T) *netnsPair {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace and a veth pair")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip to create a network namespace")
-	}
-	id := os.Getpid() % 100000
-	p := &netnsPair{ns: fmt.Sprintf("ibll-%d", id), hostIf: fmt.Sprintf("ibllh%d", id), peerIf: fmt.Sprintf("ibllp%d", id)}
-	run := func(args ...string) {
-		t.Helper()
-		out, err := exec.Command("ip", args...).CombinedOutput()
-		require.NoError(t, err, "ip %v: %s", args, out)
-	}
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "link", "del", p.hostIf).Run()
-		_ = exec.Command("ip", "netns", "del", p.ns).Run()
+	return newVethNetns(t, "ibll", "and a veth pair", func(p *netnsPair, run func(...string)) {
+		// No automatic link-local address (it would be tentative for a
+		// while): each end gets one fixed address without duplicate
+		// address detection.
+		run("link", "set", p.hostIf, "addrgenmode", "none")
+		run("-n", p.ns, "link", "set", p.peerIf, "addrgenmode", "none")
+		run("addr", "add", "fe80::1/64", "dev", p.hostIf, "nodad")
+		run("-n", p.ns, "addr", "add", "fe80::2/64", "dev", p.peerIf, "nodad")
+		run("link", "set", p.hostIf, "up")
+		run("-n", p.ns, "link", "set", p.peerIf, "up")
 	})
-	run("netns", "add", p.ns)
-	run("link", "add", p.hostIf, "type", "veth", "peer", "name", p.peerIf)
-	run("link", "set", p.peerIf, "netns", p.ns)
-	// No automatic link-local address (it would be tentative for a while):
-	// each end gets one fixed address without duplicate address detection.
-	run("link", "set", p.hostIf, "addrgenmode", "none")
-	run("-n", p.ns, "link", "set", p.peerIf, "addrgenmode", "none")
-	run("addr", "add", "fe80::1/64", "dev", p.hostIf, "nodad")
-	run("-n", p.ns, "addr", "add", "fe80::2/64", "dev", p.peerIf, "nodad")
-	run("link", "set", p.hostIf, "up")
-	run("-n", p.ns, "link", "set", p.peerIf, "up")
-	run("-n", p.ns, "link", "set", "lo", "up")
-	return p
 }
 
 // TestLinkLocalOnlyHandshake: hosts whose handshake interface has only an

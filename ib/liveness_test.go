@@ -28,14 +28,28 @@ type netnsPair struct {
 
 func newNetnsPair(t *testing.T) *netnsPair {
 	t.Helper()
+	return newVethNetns(t, "ibt", "the unreachable-host case cannot be made otherwise", func(p *netnsPair, run func(...string)) {
+		run("addr", "add", "10.213.7.1/30", "dev", p.hostIf)
+		run("link", "set", p.hostIf, "up")
+		run("-n", p.ns, "addr", "add", "10.213.7.2/30", "dev", p.peerIf)
+		run("-n", p.ns, "link", "set", p.peerIf, "up")
+	})
+}
+
+// newVethNetns makes the namespace and its veth pair (names from prefix and
+// the pid), lets addr address and raise both ends with run (ip with its
+// arguments), brings up the namespace's lo, and removes it all when the test
+// ends. Skipped, saying why (why), without root or iproute2.
+func newVethNetns(t *testing.T, prefix, why string, addr func(p *netnsPair, run func(...string))) *netnsPair {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace (the unreachable-host case cannot be made otherwise)")
+		t.Skipf("needs root to create a network namespace (%s)", why)
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
 		t.Skip("needs iproute2's ip to create a network namespace")
 	}
 	id := os.Getpid() % 100000
-	p := &netnsPair{ns: fmt.Sprintf("ibt-%d", id), hostIf: fmt.Sprintf("ibth%d", id), peerIf: fmt.Sprintf("ibtp%d", id)}
+	p := &netnsPair{ns: fmt.Sprintf("%s-%d", prefix, id), hostIf: fmt.Sprintf("%sh%d", prefix, id), peerIf: fmt.Sprintf("%sp%d", prefix, id)}
 	run := func(args ...string) {
 		t.Helper()
 		out, err := exec.Command("ip", args...).CombinedOutput()
@@ -48,10 +62,7 @@ func newNetnsPair(t *testing.T) *netnsPair {
 	run("netns", "add", p.ns)
 	run("link", "add", p.hostIf, "type", "veth", "peer", "name", p.peerIf)
 	run("link", "set", p.peerIf, "netns", p.ns)
-	run("addr", "add", "10.213.7.1/30", "dev", p.hostIf)
-	run("link", "set", p.hostIf, "up")
-	run("-n", p.ns, "addr", "add", "10.213.7.2/30", "dev", p.peerIf)
-	run("-n", p.ns, "link", "set", p.peerIf, "up")
+	addr(p, run)
 	run("-n", p.ns, "link", "set", "lo", "up")
 	return p
 }

@@ -1,53 +1,15 @@
 package socket
 
 import (
-	"os"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/fdtest"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
-
-// starveDescriptors lowers the soft open-files limit to just above the
-// highest descriptor open now and fills every free number below it, so that
-// the process's next descriptor fails with EMFILE; both are undone when the
-// test ends.
-func starveDescriptors(t *testing.T) {
-	t.Helper()
-	var old unix.Rlimit
-	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
-	ents, err := os.ReadDir("/proc/self/fd")
-	require.NoError(t, err)
-	top := 0
-	for _, e := range ents {
-		if n, err := strconv.Atoi(e.Name()); err == nil && n > top {
-			top = n
-		}
-	}
-	lim := old
-	lim.Cur = uint64(top + 1)
-	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &lim))
-	var fill []int
-	t.Cleanup(func() {
-		for _, fd := range fill {
-			unix.Close(fd)
-		}
-		require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old))
-	})
-	for {
-		fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			require.ErrorIs(t, err, unix.EMFILE)
-			return
-		}
-		fill = append(fill, fd)
-	}
-}
 
 // TestAcceptOutOfDescriptorsIsBounded: a process out of descriptors (a job at
 // scale under a low ulimit -n) must not have NCCL call accept for ever while
@@ -73,7 +35,7 @@ func TestAcceptOutOfDescriptorsIsBounded(t *testing.T) {
 		require.NoError(t, err)
 	}
 	t.Cleanup(func() { s.Close() })
-	starveDescriptors(t)
+	fdtest.Starve(t)
 	deadline = time.Now().Add(10 * time.Second)
 	for {
 		r, err := l.Accept()
