@@ -58,7 +58,7 @@ func (t *Transport) Init(ctx nccl.InitContext) error {
 			// Say which selected interfaces were unusable and why: "dn0
 			// is down" tells more than "none is up".
 			why := ""
-			if u := ncclsock.Unusable(ifs, ncclsock.Options{}); len(u) > 0 {
+			if u := ncclsock.Unusable(ifs); len(u) > 0 {
 				why = ": " + strings.Join(u, ", ")
 			}
 			t.log.Warnf("NET/GoSocket : no interface matches %s=%s (or none is up and running with an address%s%s); "+

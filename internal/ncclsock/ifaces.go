@@ -271,7 +271,7 @@ func splitHostPort(s string) (host, zone string, err error) {
 // address"), in getifaddrs order. nil when NCCL_SOCKET_IFNAME is unset or
 // ignored, or when it selects no interface at all (a typo: the name is the
 // problem). WARNs about the settings are left to Find.
-func Unusable(ifs []Interface, o Options) []string {
+func Unusable(ifs []Interface) []string {
 	v, ok := ncclenv.Lookup(IfName.Name())
 	if v = strings.TrimSpace(v); !ok || len(v) <= 1 {
 		return nil
