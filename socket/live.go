@@ -48,11 +48,20 @@ type liveness struct {
 	// without answering ours: a host that cannot hear us (a one-way cut) is
 	// silent from here on, however much it talks.
 	ackedAt int64
-	silent  int64  // how long the peer had not answered, as of the last check
-	closed  bool   // the peer closed its end (EOF or reset)
-	calls   uint32 // checkLive calls, for reading the clock only every liveClockEvery
-	info    unix.TCPInfo
-	buf     [64]byte
+	// heard is when the peer's kernel last answered as far as this end can
+	// tell, as of heardAt (the check that read it). suspect: the peer
+	// pinged us or closed its end, either of which a host that stopped
+	// hearing us does, and it may go on sending (its ping's and its FIN's
+	// retransmissions) while it cannot hear us, each segment refreshing
+	// tcpi_last_ack_recv: from then on only an answer to a ping of ours
+	// proves that it hears us, and silence counts from heard.
+	heard, heardAt int64
+	suspect        bool
+	silent         int64  // how long the peer had not answered, as of the last check
+	closed         bool   // the peer closed its end (EOF or reset)
+	calls          uint32 // checkLive calls, for reading the clock only every liveClockEvery
+	info           unix.TCPInfo
+	buf            [64]byte
 	// Counters for tests and docs: checks run, pings written.
 	checks, pings uint64
 }
@@ -76,18 +85,29 @@ func (l *liveness) check(t int64) (liveState, error) {
 	l.next = t + l.pol.period
 	l.checks++
 	if !l.closed {
-		if closed, err := readPings(l.fd, &l.buf); closed {
-			l.closed = true
-		} else if err != nil {
+		got, closed, err := readPings(l.fd, &l.buf)
+		if err != nil && !closed {
 			return liveDead, err
 		}
+		if (got || closed) && !l.suspect {
+			l.suspect = true
+			// heard as of the last check stands unless that check is too
+			// old to say (no request was pending since): then this check's
+			// age, refreshed by the very segment that raised the suspicion,
+			// is all there is, and the verdict comes later, never earlier.
+			if t-l.heardAt > 2*l.pol.period {
+				l.heardAt = 0
+			}
+		}
+		l.closed = l.closed || closed
 	}
-	// After the peer's end of file only a ping of ours still unanswered is
-	// worth a look: a host that stopped hearing us (a one-way cut) may have
-	// closed its end on that account, and then the streams still owed bytes
-	// would wait for it through their keepalive, several quarters of the
-	// timeout more.
-	if l.pol.timeout <= 0 || l.closed && l.pingAt == 0 {
+	// After the peer's end of file, a peer whose kernel answered a ping of
+	// ours since (or before, with nothing in between that made us doubt
+	// it) closed for reasons of its own: the receive's bytes still owed on
+	// the data streams are the streams' keepalive's to wait for. One that
+	// closed because it stopped hearing us (a one-way cut: NCCL aborts on
+	// its error) is pinged and declared dead as if it had stayed.
+	if l.pol.timeout <= 0 || l.closed && !l.suspect {
 		return l.alive(), nil
 	}
 	if err := tcpInfo(l.fd, &l.info); err != nil {
@@ -97,39 +117,57 @@ func (l *liveness) check(t int64) (liveState, error) {
 		return liveDead, err
 	}
 	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
-	l.silent = age
+	if !l.suspect || l.heardAt == 0 {
+		l.heard, l.heardAt = t-age, t
+	}
+	// How long the peer has not answered as far as we can tell: the age of
+	// the last ACK, or, in doubt, since the last ACK we trusted.
+	quiet := max(age, t-l.heard)
+	l.silent = quiet
 	// A ping still in the send queue is outstanding too: with the local link
 	// down the kernel cannot transmit it, so it never counts as unacked, and
 	// without this the check would write another ping every period and never
 	// declare the silent peer dead (faults lane, link-down-timeout).
 	if l.info.Unacked > 0 || l.info.Notsent_bytes > 0 {
 		if l.pingAt == 0 {
-			l.pingAt, l.ackedAt = t, t-age
+			l.pingAt, l.ackedAt = t, t-quiet
 		}
 		// Silence counts from the last ACK before the ping, not the last
 		// segment: while the ping is unanswered, whatever else the peer
 		// sends answers nothing of ours.
-		l.silent = max(age, t-l.ackedAt)
+		l.silent = max(quiet, t-l.ackedAt)
 		if l.silent >= l.pol.deadAfter && t-l.pingAt >= l.pol.grace {
 			return liveDead, nil
 		}
 		return l.alive(), nil
 	}
-	l.pingAt = 0
-	if l.closed {
+	if l.pingAt != 0 {
+		// Our ping was answered (an ACK, or a closed peer's reset): the
+		// peer hears us.
+		l.pingAt, l.suspect = 0, false
+		l.heard, l.heardAt, l.silent = t-age, t, age
+	}
+	if l.closed && !l.suspect {
 		return livePeerClosed, nil
 	}
-	if age >= l.pol.pingAfter {
+	if l.silent >= l.pol.pingAfter {
 		n, err := sendSlice(l.fd, l.buf[:1])
 		if err != nil {
+			if l.closed {
+				// Reset (the peer closed with our pings unread, so it
+				// heard them): no ping can go out any more, and the
+				// streams' keepalive is what is left to ask.
+				l.suspect = false
+				return livePeerClosed, nil
+			}
 			return liveDead, err
 		}
 		if n == 1 {
-			l.pingAt, l.ackedAt = t, t-age
+			l.pingAt, l.ackedAt = t, t-l.silent
 			l.pings++
 		}
 	}
-	return liveOK, nil
+	return l.alive(), nil
 }
 
 // alive is a check's verdict on a peer not found dead.
@@ -141,19 +179,20 @@ func (l *liveness) alive() liveState {
 }
 
 // readPings drains the peer's pings from a liveness stream (at most 16
-// reads). closed: end of file or a reset, also one with our pings unread:
-// the peer closed its end.
-func readPings(fd int, buf *[64]byte) (closed bool, err error) {
+// reads). got: it read at least one. closed: end of file or a reset, also
+// one with our pings unread: the peer closed its end.
+func readPings(fd int, buf *[64]byte) (got, closed bool, err error) {
 	for i := 0; i < 16; i++ {
 		n, eof, err := recvSlice(fd, buf[:])
 		if err == unix.ECONNRESET || eof {
-			return true, nil
+			return got, true, nil
 		}
+		got = got || n > 0
 		if err != nil || n < len(buf) {
-			return false, err
+			return got, false, err
 		}
 	}
-	return false, nil
+	return got, false, nil
 }
 
 // silentFor is how long the peer's kernel has not answered, as of the last

@@ -47,10 +47,19 @@ func TestOneWayCutIsDeclaredDead(t *testing.T) {
 		waiter    string // "recv": the receive waits and the sender is deaf; "send": the other way
 		midMsg    bool   // the message is half received when the cut comes
 		peerClose bool   // the deaf end closes its comm once it failed
+		// The deaf end pings the waiting end every few check periods, as
+		// its ping's retransmissions do, so that the waiting end's last ACK
+		// never grows old: which end of a one-way cut pings first, and
+		// whether the deaf end fails and closes before the waiting end
+		// pinged at all, is otherwise a race (lost on 2026-11-29 in CI).
+		chatter bool
 	}{
-		{"recv-midmessage-peer-keeps-comm", "recv", true, false},
-		{"recv-midmessage-peer-closes", "recv", true, true},
-		{"send-inflight-peer-keeps-comm", "send", true, false},
+		{"recv-midmessage-peer-keeps-comm", "recv", true, false, false},
+		{"recv-midmessage-peer-closes", "recv", true, true, false},
+		{"send-inflight-peer-keeps-comm", "send", true, false, false},
+		{"recv-midmessage-peer-chatters-keeps-comm", "recv", true, false, true},
+		{"recv-midmessage-peer-chatters-closes", "recv", true, true, true},
+		{"send-inflight-peer-chatters-closes", "send", true, true, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -85,6 +94,7 @@ func TestOneWayCutIsDeclaredDead(t *testing.T) {
 			deafen(t, deaf)
 			start := time.Now()
 			deafDone := false
+			lastChatter := start
 			for {
 				err := testWaiter()
 				if err != nil {
@@ -98,6 +108,11 @@ func TestOneWayCutIsDeclaredDead(t *testing.T) {
 				}
 				// The bound the fault lane holds every verdict to.
 				require.Less(t, time.Since(start), timeout+2*time.Second, "a peer that cannot hear us was not declared dead within %s + 2 s", envTimeout)
+				if c.chatter && !deafDone && time.Since(lastChatter) >= 250*time.Millisecond {
+					lastChatter = time.Now()
+					_, err := sendSlice(deaf.live.fd, []byte{0})
+					require.NoError(t, err)
+				}
 				if !deafDone && testDeaf() != nil {
 					deafDone = true
 					if c.peerClose {
@@ -114,4 +129,31 @@ func TestOneWayCutIsDeclaredDead(t *testing.T) {
 			runtime.KeepAlive(dst)
 		})
 	}
+}
+
+// TestAPingingPeerThatHearsUsIsAlive: a peer's pings make this end doubt
+// that the peer hears it (live.go: a deaf host pings), so it pings in turn;
+// a peer that hears it answers, and however long it keeps pinging, a
+// pending receive is never failed.
+func TestAPingingPeerThatHearsUsIsAlive(t *testing.T) {
+	withEnv(t, map[string]string{envTimeout: "1", envNThreads: "0"})
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	dst := make([]byte, 64)
+	rq, err := r.Irecv([]nccl.RecvBuffer{{Data: bufPtr(dst), Size: len(dst), Tag: 1}})
+	require.NoError(t, err)
+	start, last := time.Now(), time.Time{}
+	for time.Since(start) < 3*time.Second {
+		if time.Since(last) >= 200*time.Millisecond {
+			last = time.Now()
+			_, err := sendSlice(s.live.fd, []byte{0})
+			require.NoError(t, err)
+		}
+		done, err := r.Test(rq, nil)
+		require.NoError(t, err, "a peer that pings and hears us was declared dead")
+		require.False(t, done)
+		pace()
+	}
+	assert.NotZero(t, r.live.pings, "the peer's pings were never answered with a ping of ours")
+	runtime.KeepAlive(dst)
 }
