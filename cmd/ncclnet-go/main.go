@@ -9,7 +9,7 @@
 //
 // Errors are one line on stderr; exit status 0 means success, 1 a failed
 // check or operation, 2 bad usage, 128 + the signal's number (130 SIGINT,
-// 143 SIGTERM) a selftest stopped by a signal.
+// 143 SIGTERM) a selftest or a top --once stopped by a signal.
 package main
 
 import (
@@ -87,7 +87,7 @@ type failure struct{ msg string }
 
 func (e failure) Error() string { return e.msg }
 
-// interrupted is a subcommand stopped by a signal (selftest): exit status
+// interrupted is a subcommand stopped by a signal (selftest, top --once): exit status
 // 128 + the signal's number, the shell's convention, with the message
 // already printed.
 type interrupted struct{ sig os.Signal }

@@ -110,8 +110,13 @@ with status 1 if no endpoint answered.`)
 		}
 	}
 	if *once {
+		// Interrupted before its table, --once printed nothing: a script
+		// must not read that as success. (Interactive top is left with ^C,
+		// which is its normal end: status 0.)
 		if !wait() {
-			return nil
+			sig := c.received()
+			fmt.Fprintf(c.stderr, "ncclnet-go top: interrupted by %s before --once's second scrape: no table printed\n", signalName(sig))
+			return interrupted{sig}
 		}
 		cur := s.scrapeAll(targets)
 		rows := s.rows(cur, first)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"math"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,4 +316,21 @@ func TestTopShowsControlBytesEscaped(t *testing.T) {
 	assert.Contains(t, out, `bad \xff answer`, out)
 	assert.Equal(t, 4, strings.Count(strings.TrimRight(out, "\n"), "\n"), "header, blank line, columns, two rows:\n%s", out)
 	assert.Equal(t, "mlx5_0 ünï", printable("mlx5_0 ünï"), "printable text is left alone")
+}
+
+// A top --once stopped by a signal before its second scrape printed no
+// table: until 2026-11-29 it still exited 0, which a script reads as a
+// table of idle ranks.
+func TestTopOnceInterruptedIsNotSuccess(t *testing.T) {
+	testEnv(t, nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	stop := make(chan struct{})
+	close(stop)
+	var o, e bytes.Buffer
+	code := run([]string{"top", "--once", "--interval", "10s", srv.URL},
+		&cli{stdout: &o, stderr: &e, interrupt: stop, signal: func() os.Signal { return syscall.SIGTERM }})
+	assert.Equal(t, 128+int(syscall.SIGTERM), code)
+	assert.Empty(t, o.String(), "no table")
+	assert.Contains(t, e.String(), "interrupted by SIGTERM before --once's second scrape")
 }
