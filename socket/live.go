@@ -49,12 +49,13 @@ type liveness struct {
 	// silent from here on, however much it talks.
 	ackedAt int64
 	// heard is when the peer's kernel last answered as far as this end can
-	// tell, as of heardAt (the check that read it). suspect: the peer
-	// pinged us or closed its end, either of which a host that stopped
-	// hearing us does, and it may go on sending (its ping's and its FIN's
-	// retransmissions) while it cannot hear us, each segment refreshing
-	// tcpi_last_ack_recv: from then on only an answer to a ping of ours
-	// proves that it hears us, and silence counts from heard.
+	// tell, as of heardAt (the check that read it). suspect: the peer sent
+	// a doubt ping: it heard nothing from us for its pingAfter, which is
+	// what a host that stopped hearing us does first, and it may go on
+	// sending (that ping's retransmissions, its close once it gave up)
+	// while it cannot hear us, each segment refreshing tcpi_last_ack_recv:
+	// from then on only an answer to a ping of ours proves that it hears
+	// us, and silence counts from heard.
 	heard, heardAt int64
 	suspect        bool
 	silent         int64  // how long the peer had not answered, as of the last check
@@ -85,29 +86,33 @@ func (l *liveness) check(t int64) (liveState, error) {
 	l.next = t + l.pol.period
 	l.checks++
 	if !l.closed {
-		got, closed, err := readPings(l.fd, &l.buf)
+		doubt, closed, err := readPings(l.fd, &l.buf)
 		if err != nil && !closed {
 			return liveDead, err
 		}
-		if (got || closed) && !l.suspect {
+		if doubt && !l.suspect {
 			l.suspect = true
 			// heard as of the last check stands unless that check is too
 			// old to say (no request was pending since): then this check's
 			// age, refreshed by the very segment that raised the suspicion,
 			// is all there is, and the verdict comes later, never earlier.
 			if t-l.heardAt > 2*l.pol.period {
-				l.heardAt = 0
+				// Nor can an ACK of a ping of ours seen now be told
+				// from one that came before the peer's doubt: a ping
+				// still outstanding is taken up again as new.
+				l.heardAt, l.pingAt = 0, 0
 			}
 		}
 		l.closed = l.closed || closed
 	}
-	// After the peer's end of file, a peer whose kernel answered a ping of
-	// ours since (or before, with nothing in between that made us doubt
-	// it) closed for reasons of its own: the receive's bytes still owed on
-	// the data streams are the streams' keepalive's to wait for. One that
-	// closed because it stopped hearing us (a one-way cut: NCCL aborts on
-	// its error) is pinged and declared dead as if it had stayed.
-	if l.pol.timeout <= 0 || l.closed && !l.suspect {
+	// After the peer's end of file only a doubt, or a ping of ours still
+	// unanswered, is worth a look: a host that stopped hearing us (a
+	// one-way cut) pinged us before it gave up and closed (its verdict
+	// needs its own ping outstanding), and the streams still owed bytes
+	// would otherwise wait for it through their keepalive, several quarters
+	// of the timeout more. A peer that closed with neither closed for
+	// reasons of its own; the streams' keepalive asks its host from then on.
+	if l.pol.timeout <= 0 || l.closed && !l.suspect && l.pingAt == 0 {
 		return l.alive(), nil
 	}
 	if err := tcpInfo(l.fd, &l.info); err != nil {
@@ -151,6 +156,13 @@ func (l *liveness) check(t int64) (liveState, error) {
 		return livePeerClosed, nil
 	}
 	if l.silent >= l.pol.pingAfter {
+		// A ping written only because the peer doubted us says nothing
+		// about what we hear: the peer must not doubt us in turn, or the
+		// two ends ping each other for ever, each ping a verdict if lost.
+		l.buf[0] = pingDoubt
+		if l.suspect {
+			l.buf[0] = pingConfirm
+		}
 		n, err := sendSlice(l.fd, l.buf[:1])
 		if err != nil {
 			if l.closed {
@@ -178,21 +190,31 @@ func (l *liveness) alive() liveState {
 	return liveOK
 }
 
+// Ping bytes: pingDoubt is written by an end that heard nothing from its
+// peer for pingAfter (a host that cannot hear us writes it too);
+// pingConfirm by an end that only checks that a doubting peer hears it.
+const (
+	pingDoubt   = 0
+	pingConfirm = 1
+)
+
 // readPings drains the peer's pings from a liveness stream (at most 16
-// reads). got: it read at least one. closed: end of file or a reset, also
-// one with our pings unread: the peer closed its end.
-func readPings(fd int, buf *[64]byte) (got, closed bool, err error) {
+// reads). doubt: it read at least one pingDoubt. closed: end of file or a
+// reset, also one with our pings unread: the peer closed its end.
+func readPings(fd int, buf *[64]byte) (doubt, closed bool, err error) {
 	for i := 0; i < 16; i++ {
 		n, eof, err := recvSlice(fd, buf[:])
 		if err == unix.ECONNRESET || eof {
-			return got, true, nil
+			return doubt, true, nil
 		}
-		got = got || n > 0
+		for _, b := range buf[:max(n, 0)] {
+			doubt = doubt || b != pingConfirm
+		}
 		if err != nil || n < len(buf) {
-			return got, false, err
+			return doubt, false, err
 		}
 	}
-	return got, false, nil
+	return doubt, false, nil
 }
 
 // silentFor is how long the peer's kernel has not answered, as of the last
