@@ -164,7 +164,7 @@ func (g *drainGroup) done() bool {
 		return true
 	}
 	// The receiver's end of the liveness stream closed with its comm.
-	if _, closed, err := readPings(g.live, &g.buf); closed || err != nil {
+	if closed, err := readPings(g.live, &g.buf); closed || err != nil {
 		return true
 	}
 	if g.deadAge > 0 {

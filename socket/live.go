@@ -48,21 +48,32 @@ type liveness struct {
 	// without answering ours: a host that cannot hear us (a one-way cut) is
 	// silent from here on, however much it talks.
 	ackedAt int64
-	// heard is when the peer's kernel last answered as far as this end can
-	// tell, as of heardAt (the check that read it). suspect: the peer sent
-	// a doubt ping: it heard nothing from us for its pingAfter, which is
-	// what a host that stopped hearing us does first, and it may go on
-	// sending (that ping's retransmissions, its close once it gave up)
-	// while it cannot hear us, each segment refreshing tcpi_last_ack_recv:
-	// from then on only an answer to a ping of ours proves that it hears
-	// us, and silence counts from heard.
-	heard, heardAt int64
-	suspect        bool
-	silent         int64  // how long the peer had not answered, as of the last check
-	closed         bool   // the peer closed its end (EOF or reset)
-	calls          uint32 // checkLive calls, for reading the clock only every liveClockEvery
-	info           unix.TCPInfo
-	buf            [64]byte
+	// A peer that cannot hear us retransmits: our ACKs do not reach it.
+	// Each of its segments refreshes tcpi_last_ack_recv all the same (its
+	// ping's retransmissions, its close once NCCL aborts on its error), so
+	// once a data segment arrives that brings no new byte (every ping is
+	// one byte, sent on its own: only a retransmission does that), this end
+	// is in doubt: silence counts from heardBefore, what was heard as of the
+	// check before the peer's first new byte in half a timeout (which its
+	// first unanswered segment refreshed), and only an answer to a ping of
+	// ours ends the doubt. A peer that hears us retransmits nothing, so its
+	// pings are no reason to ping back. segsIn and bytesIn are
+	// tcpi_data_segs_in and tcpi_bytes_received as of the last check
+	// (kernels before 4.6 lack the first: then no doubt is ever raised, and
+	// a host that cannot hear us is declared dead once it stops sending, or
+	// by the streams' keepalive once it closed). heard: when the peer's
+	// kernel last answered as far as this end can tell.
+	heard, heardBefore int64
+	newAt              int64 // when the latest check found a new byte
+	doubt              bool
+	segsIn             uint32
+	bytesIn            uint64
+	last               int64  // when the previous check ran; 0 before the first
+	silent             int64  // how long the peer had not answered, as of the last check
+	closed             bool   // the peer closed its end (EOF or reset)
+	calls              uint32 // checkLive calls, for reading the clock only every liveClockEvery
+	info               unix.TCPInfo
+	buf                [64]byte
 	// Counters for tests and docs: checks run, pings written.
 	checks, pings uint64
 }
@@ -85,34 +96,31 @@ func (l *liveness) due(t int64) bool { return t >= l.next }
 func (l *liveness) check(t int64) (liveState, error) {
 	l.next = t + l.pol.period
 	l.checks++
+	// A check more than two periods after the previous one follows an idle
+	// spell (no request pending, no check): what was heard before it is too
+	// old to say, and an ACK of a ping of ours seen now may have come before
+	// a retransmission that raises a doubt now.
+	first, gap := l.last == 0, t-l.last > 2*l.pol.period
+	l.last = t
+	if gap {
+		l.pingAt = 0
+	}
 	if !l.closed {
-		doubt, closed, err := readPings(l.fd, &l.buf)
-		if err != nil && !closed {
+		if closed, err := readPings(l.fd, &l.buf); closed {
+			l.closed = true
+		} else if err != nil {
 			return liveDead, err
 		}
-		if doubt && !l.suspect {
-			l.suspect = true
-			// heard as of the last check stands unless that check is too
-			// old to say (no request was pending since): then this check's
-			// age, refreshed by the very segment that raised the suspicion,
-			// is all there is, and the verdict comes later, never earlier.
-			if t-l.heardAt > 2*l.pol.period {
-				// Nor can an ACK of a ping of ours seen now be told
-				// from one that came before the peer's doubt: a ping
-				// still outstanding is taken up again as new.
-				l.heardAt, l.pingAt = 0, 0
-			}
-		}
-		l.closed = l.closed || closed
 	}
 	// After the peer's end of file only a doubt, or a ping of ours still
 	// unanswered, is worth a look: a host that stopped hearing us (a
 	// one-way cut) pinged us before it gave up and closed (its verdict
-	// needs its own ping outstanding), and the streams still owed bytes
-	// would otherwise wait for it through their keepalive, several quarters
-	// of the timeout more. A peer that closed with neither closed for
-	// reasons of its own; the streams' keepalive asks its host from then on.
-	if l.pol.timeout <= 0 || l.closed && !l.suspect && l.pingAt == 0 {
+	// needs its own ping outstanding), and retransmits that ping, since we
+	// cannot acknowledge it; the streams still owed bytes would otherwise
+	// wait for it through their keepalive, several quarters of the timeout
+	// more. A peer that closed with neither closed for reasons of its own;
+	// the streams' keepalive asks its host from then on.
+	if l.pol.timeout <= 0 || l.closed && !l.doubt && l.pingAt == 0 {
 		return l.alive(), nil
 	}
 	if err := tcpInfo(l.fd, &l.info); err != nil {
@@ -122,8 +130,30 @@ func (l *liveness) check(t int64) (liveState, error) {
 		return liveDead, err
 	}
 	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
-	if !l.suspect || l.heardAt == 0 {
-		l.heard, l.heardAt = t-age, t
+	segs, bytes := l.info.Data_segs_in, l.info.Bytes_received
+	if !first {
+		newBytes := bytes - l.bytesIn
+		if newBytes > 0 {
+			// The first of the peer's bytes in half a timeout: the ones
+			// after it may have been written while it already could not
+			// hear us, and refreshed what was heard since.
+			if t-l.newAt > l.pol.timeout/2 {
+				l.heardBefore = l.heard
+				if gap {
+					// Unknown: the new byte refreshed the age; the
+					// verdict can only come later for it, never earlier.
+					l.heardBefore = t - age
+				}
+			}
+			l.newAt = t
+		}
+		if uint64(segs-l.segsIn) > newBytes && !l.doubt {
+			l.doubt, l.heard = true, l.heardBefore
+		}
+	}
+	l.segsIn, l.bytesIn = segs, bytes
+	if !l.doubt || gap {
+		l.heard = t - age
 	}
 	// How long the peer has not answered as far as we can tell: the age of
 	// the last ACK, or, in doubt, since the last ACK we trusted.
@@ -149,27 +179,20 @@ func (l *liveness) check(t int64) (liveState, error) {
 	if l.pingAt != 0 {
 		// Our ping was answered (an ACK, or a closed peer's reset): the
 		// peer hears us.
-		l.pingAt, l.suspect = 0, false
-		l.heard, l.heardAt, l.silent = t-age, t, age
+		l.pingAt, l.doubt = 0, false
+		l.heard, l.silent = t-age, age
 	}
-	if l.closed && !l.suspect {
+	if l.closed && !l.doubt {
 		return livePeerClosed, nil
 	}
 	if l.silent >= l.pol.pingAfter {
-		// A ping written only because the peer doubted us says nothing
-		// about what we hear: the peer must not doubt us in turn, or the
-		// two ends ping each other for ever, each ping a verdict if lost.
-		l.buf[0] = pingDoubt
-		if l.suspect {
-			l.buf[0] = pingConfirm
-		}
 		n, err := sendSlice(l.fd, l.buf[:1])
 		if err != nil {
 			if l.closed {
 				// Reset (the peer closed with our pings unread, so it
 				// heard them): no ping can go out any more, and the
 				// streams' keepalive is what is left to ask.
-				l.suspect = false
+				l.doubt = false
 				return livePeerClosed, nil
 			}
 			return liveDead, err
@@ -190,31 +213,20 @@ func (l *liveness) alive() liveState {
 	return liveOK
 }
 
-// Ping bytes: pingDoubt is written by an end that heard nothing from its
-// peer for pingAfter (a host that cannot hear us writes it too);
-// pingConfirm by an end that only checks that a doubting peer hears it.
-const (
-	pingDoubt   = 0
-	pingConfirm = 1
-)
-
 // readPings drains the peer's pings from a liveness stream (at most 16
-// reads). doubt: it read at least one pingDoubt. closed: end of file or a
-// reset, also one with our pings unread: the peer closed its end.
-func readPings(fd int, buf *[64]byte) (doubt, closed bool, err error) {
+// reads). closed: end of file or a reset, also one with our pings unread:
+// the peer closed its end.
+func readPings(fd int, buf *[64]byte) (closed bool, err error) {
 	for i := 0; i < 16; i++ {
 		n, eof, err := recvSlice(fd, buf[:])
 		if err == unix.ECONNRESET || eof {
-			return doubt, true, nil
-		}
-		for _, b := range buf[:max(n, 0)] {
-			doubt = doubt || b != pingConfirm
+			return true, nil
 		}
 		if err != nil || n < len(buf) {
-			return doubt, false, err
+			return false, err
 		}
 	}
-	return doubt, false, nil
+	return false, nil
 }
 
 // silentFor is how long the peer's kernel has not answered, as of the last

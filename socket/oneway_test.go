@@ -131,10 +131,10 @@ func TestOneWayCutIsDeclaredDead(t *testing.T) {
 	}
 }
 
-// TestAPingingPeerThatHearsUsIsAlive: a peer's pings make this end doubt
-// that the peer hears it (live.go: a deaf host pings), so it pings in turn;
-// a peer that hears it answers, and however long it keeps pinging, a
-// pending receive is never failed.
+// TestAPingingPeerThatHearsUsIsAlive: a peer that pings (its own last ACK
+// grew old) and hears us, so that this end's kernel acknowledges every ping
+// at once, is alive however long it keeps pinging, and no reason for this
+// end to ping: only its retransmissions would say that it cannot hear us.
 func TestAPingingPeerThatHearsUsIsAlive(t *testing.T) {
 	withEnv(t, map[string]string{envTimeout: "1", envNThreads: "0"})
 	tr := initLoopback(t, &captureLog{})
@@ -154,6 +154,7 @@ func TestAPingingPeerThatHearsUsIsAlive(t *testing.T) {
 		require.False(t, done)
 		pace()
 	}
-	assert.NotZero(t, r.live.pings, "the peer's pings were never answered with a ping of ours")
+	assert.False(t, r.live.doubt, "pings that were acknowledged at once raised a doubt")
+	assert.Zero(t, r.live.pings, "the peer's pings were answered with pings of ours")
 	runtime.KeepAlive(dst)
 }
