@@ -68,9 +68,10 @@ type liveness struct {
 	doubt              bool
 	segsIn             uint32
 	bytesIn            uint64
-	last               int64  // when the previous check ran; 0 before the first
-	silent             int64  // how long the peer had not answered, as of the last check
-	closed             bool   // the peer closed its end (EOF or reset)
+	last               int64 // when the previous check ran; 0 before the first
+	silent             int64 // how long the peer had not answered, as of the last check
+	closed             bool  // the peer closed its end (EOF or reset), at closedAt
+	closedAt           int64
 	calls              uint32 // checkLive calls, for reading the clock only every liveClockEvery
 	info               unix.TCPInfo
 	buf                [64]byte
@@ -107,20 +108,21 @@ func (l *liveness) check(t int64) (liveState, error) {
 	}
 	if !l.closed {
 		if closed, err := readPings(l.fd, &l.buf); closed {
-			l.closed = true
+			l.closed, l.closedAt = true, t
 		} else if err != nil {
 			return liveDead, err
 		}
 	}
 	// After the peer's end of file only a doubt, or a ping of ours still
-	// unanswered, is worth a look: a host that stopped hearing us (a
-	// one-way cut) pinged us before it gave up and closed (its verdict
-	// needs its own ping outstanding), and retransmits that ping, since we
-	// cannot acknowledge it; the streams still owed bytes would otherwise
-	// wait for it through their keepalive, several quarters of the timeout
-	// more. A peer that closed with neither closed for reasons of its own;
-	// the streams' keepalive asks its host from then on.
-	if l.pol.timeout <= 0 || l.closed && !l.doubt && l.pingAt == 0 {
+	// unanswered, is worth a look, and for a timeout the peer's
+	// retransmissions: a host that stopped hearing us (a one-way cut)
+	// pinged us before its verdict, which may come, and its close with it,
+	// before its first retransmission of that ping reaches us; the streams
+	// still owed bytes would otherwise wait for it through their keepalive,
+	// several quarters of the timeout more. A peer that closed with none of
+	// these closed for reasons of its own; the streams' keepalive asks its
+	// host from then on.
+	if l.pol.timeout <= 0 || l.closed && !l.doubt && l.pingAt == 0 && t-l.closedAt > l.pol.timeout {
 		return l.alive(), nil
 	}
 	if err := tcpInfo(l.fd, &l.info); err != nil {
@@ -131,7 +133,13 @@ func (l *liveness) check(t int64) (liveState, error) {
 	}
 	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
 	segs, bytes := l.info.Data_segs_in, l.info.Bytes_received
-	if !first {
+	if first {
+		// The baseline: bytes already in it (the connector's hello, a
+		// ping that came before this end had a request pending) may yet
+		// be retransmitted, raising a doubt before any new byte set
+		// heardBefore; silence then counts from now at the earliest.
+		l.heardBefore = t - age
+	} else {
 		newBytes := bytes - l.bytesIn
 		if newBytes > 0 {
 			// The first of the peer's bytes in half a timeout: the ones
