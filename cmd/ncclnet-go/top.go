@@ -43,7 +43,8 @@ NCCL_CONF_FILE or ~/.nccl.conf, then /etc/nccl.conf) and the 7 ports after
 it (up to 65535), one per local rank, at NCCL_GO_METRICS_BIND's address
 (127.0.0.1 when unset or a wildcard). --once takes two scrapes
 --interval apart, prints one table without terminal control codes, and exits
-with status 1 if no endpoint answered.`)
+with status 1 if no endpoint answered, 128 + the signal's number if stopped
+before its table.`)
 	interval := fs.Duration("interval", 2*time.Second, "`DURATION` between refreshes (and between the two scrapes of --once)")
 	once := fs.Bool("once", false, "print one table and exit (for scripts and tests)")
 	timeout := fs.Duration("timeout", 2*time.Second, "`DURATION` allowed for one scrape")
