@@ -133,6 +133,13 @@ func (l *liveness) check(t int64) (liveState, error) {
 	}
 	age := int64(l.info.Last_ack_recv) * int64(time.Millisecond)
 	segs, bytes := l.info.Data_segs_in, l.info.Bytes_received
+	if finReceived(l.info.State) {
+		// The kernel counts the peer's FIN as a byte received, though no
+		// data segment brings it: counted, it hid a retransmission that
+		// reached us in the same period (a deaf host retrying its ping,
+		// then closing).
+		bytes--
+	}
 	if first {
 		// The baseline: bytes already in it (the connector's hello, a
 		// ping that came before this end had a request pending) may yet
@@ -211,6 +218,16 @@ func (l *liveness) check(t int64) (liveState, error) {
 		}
 	}
 	return l.alive(), nil
+}
+
+// finReceived reports whether a TCP state is one reached only after the
+// peer's FIN arrived. CLOSE is not: a reset leads there too.
+func finReceived(state uint8) bool {
+	switch state {
+	case unix.BPF_TCP_CLOSE_WAIT, unix.BPF_TCP_LAST_ACK, unix.BPF_TCP_CLOSING, unix.BPF_TCP_TIME_WAIT:
+		return true
+	}
+	return false
 }
 
 // alive is a check's verdict on a peer not found dead.
