@@ -464,10 +464,21 @@ func netMakeVDevice(devList []int, maxDevs int) (int, nccl.Result) {
 	if len(devList) < 1 || len(devList) > maxDevs {
 		return -1, fail("makeVDevice", nccl.Errorf(nccl.InvalidUsage, "cannot fuse %d devices; this API version allows 1 to %d", len(devList), maxDevs))
 	}
+	members := 0
 	for _, d := range devList {
 		if err := checkDev(t, d); err != nil {
 			return -1, fail("makeVDevice", err)
 		}
+		// A device may itself be fused: what this API version's vProps must
+		// hold is every member, not the indices NCCL passed.
+		p, err := normalizedProperties(t, d)
+		if err != nil {
+			return -1, fail("makeVDevice", err)
+		}
+		members += len(p.VDevs)
+	}
+	if members > maxDevs {
+		return -1, fail("makeVDevice", nccl.Errorf(nccl.InvalidUsage, "devices %v have %d members together; this API version's fused NIC holds at most %d (NCCL_NET_MERGE_LEVEL, NCCL_NET_FORCE_MERGE)", devList, members, maxDevs))
 	}
 	vm, ok := t.(nccl.VDeviceMaker)
 	if !ok {

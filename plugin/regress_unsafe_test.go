@@ -474,3 +474,61 @@ func TestFinalizeClosesItsCommunicatorsListenComms(t *testing.T) {
 	_, res = netListenCtx(a, 0, &h1)
 	assert.NotEqual(t, nccl.Success, res, "listen under a finalized context is refused")
 }
+
+// memberTransport fuses like ib: a virtual device's members are the
+// physical devices of every device it was made from, and its Properties
+// list them.
+type memberTransport struct {
+	fakeTransport
+	vdevs [][]int
+}
+
+func (m *memberTransport) Devices() int { return m.devs + len(m.vdevs) }
+func (m *memberTransport) members(d int) []int {
+	if d < m.devs {
+		return []int{d}
+	}
+	return m.vdevs[d-m.devs]
+}
+func (m *memberTransport) Properties(dev int) (nccl.Properties, error) {
+	p, err := m.fakeTransport.Properties(dev)
+	p.VDevs = m.members(dev)
+	return p, err
+}
+func (m *memberTransport) MakeVDevice(devs []int) (int, error) {
+	var all []int
+	for _, d := range devs {
+		all = append(all, m.members(d)...)
+	}
+	m.vdevs = append(m.vdevs, all)
+	return m.devs + len(m.vdevs) - 1, nil
+}
+
+// TestFusingFusedDevicesKeepsTheVersionsMemberLimit: NCCL's vProps holds 4
+// members below API v12 (8 from v12). Fusing a fused device with more
+// devices passed the glue's check, which counted the indices NCCL passed,
+// not the members: the transport made a 6-member device whose properties
+// NCCL then read cut to 4, a NIC that is not the one it uses.
+func TestFusingFusedDevicesKeepsTheVersionsMemberLimit(t *testing.T) {
+	regSeq++
+	name := fmt.Sprintf("members-%d", regSeq)
+	mt := &memberTransport{fakeTransport: fakeTransport{name: name, devs: 8}}
+	nccl.Register(name, 3000+regSeq, func() nccl.Transport { return mt })
+	t.Cleanup(func() { nccl.Unregister(name) })
+	setup(t, map[string]string{"NCCL_GO_TRANSPORT": name})
+	c, res := netInit(10, true, -1)
+	require.Equal(t, nccl.Success, res)
+	defer netFinalize(c)
+	v, res := netMakeVDevice([]int{0, 1, 2}, 4)
+	require.Equal(t, nccl.Success, res)
+	_, res = netMakeVDevice([]int{v, 3, 4}, 4) // 5 members
+	assert.Equal(t, nccl.InvalidUsage, res)
+	assert.Len(t, mt.vdevs, 1, "the transport made a device the API version cannot describe")
+	w, res := netMakeVDevice([]int{v, 3}, 4) // 4 members
+	require.Equal(t, nccl.Success, res)
+	p, res := netProperties(w)
+	require.Equal(t, nccl.Success, res)
+	assert.Equal(t, []int{0, 1, 2, 3}, p.VDevs)
+	_, res = netMakeVDevice([]int{v, 3, 4, 5, 6}, 8) // v12: 7 members
+	assert.Equal(t, nccl.Success, res)
+}
