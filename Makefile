@@ -50,7 +50,7 @@ deps: ## install the Debian packages the tests need (idempotent; nothing to do w
 test: deps $(TEST_TARGETS) ## every test, as CI runs it (the README's command; about 10 minutes)
 	@echo "all test targets passed: $(TEST_TARGETS)"
 
-check: $(filter lint,$(CHECK_TARGETS)) $(filter-out lint,$(CHECK_TARGETS)) ## quick pre-push check, under 3 minutes: lint, unit tests with -race -short (no in-process TestConformance), C conformance of the default library
+check: $(filter lint,$(CHECK_TARGETS)) $(filter-out lint,$(CHECK_TARGETS)) ## quick pre-push check, under 3 minutes: lint, unit tests with -race -short (no in-process TestConformance), C conformance of the default library, test-deploy
 	@echo "check passed: $(CHECK_TARGETS) (make test runs everything: full -race unit tests, every harness, Prometheus, shm, e2e checks, the Soft-RoCE lane)"
 
 bench: $(BENCH_TARGETS) ## every benchmark (run under the exclusive lock; see docs/performance.md)

@@ -45,8 +45,9 @@ lib: $(SO) ## build build/libnccl-net-go.so (the default target)
 # /etc/ld.so.cache: without ldconfig, NCCL_NET_PLUGIN=go (and the unset
 # default, libnccl-net.so) fail with "cannot open shared object file" until
 # something else runs it. An install into the live system by root refreshes the
-# cache (as a package's ldconfig trigger would); a staged one (DESTDIR) or one
-# by another user says what is left to do.
+# cache (as a package's ldconfig trigger would); one by another user says what
+# is left to do; a staged one (DESTDIR) stays silent, since the cache to refresh
+# is the target system's (packaging/test-install.sh checks it says nothing).
 define LDCONFIG_AFTER
 	@if [ -n "$(DESTDIR)" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && ldc=$$(PATH="$$PATH:/sbin:/usr/sbin" command -v ldconfig); then \

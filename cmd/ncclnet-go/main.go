@@ -208,7 +208,7 @@ func printUsage(w io.Writer) {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\n  ncclnet-go COMMAND --help   flags of one command\n  ncclnet-go --version\n")
-	fmt.Fprintf(w, "\nExit status: 0 success, 1 a failed check, 2 bad usage, 130 or 143 selftest stopped by SIGINT or SIGTERM.\n")
+	fmt.Fprintf(w, "\nExit status: 0 success, 1 a failed check, 2 bad usage, 128 + the signal's number\n(130 SIGINT, 143 SIGTERM) a selftest stopped by a signal, or a top --once stopped before its table.\n")
 }
 
 // printJSON writes v as indented JSON.

@@ -77,6 +77,21 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	}
 }
 
+// The top-level --help's exit-status line names every status a subcommand
+// returns: 128 + the signal's number comes from selftest and from a
+// top --once stopped before its table (TestTopOnceInterruptedIsNotSuccess),
+// and the selftest helper's last fallback is /usr/libexec/ncclnet-go.
+func TestHelpNamesEveryExitStatusAndHelperPlace(t *testing.T) {
+	testEnv(t, nil)
+	out, _, code := runCmd(t, "--help")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "128 + the signal's number")
+	assert.Contains(t, out, "top --once stopped before its table")
+	out, _, code = runCmd(t, "selftest", "--help")
+	assert.Equal(t, 0, code)
+	assert.Contains(t, out, "/usr/libexec/ncclnet-go")
+}
+
 func TestBadUsageIsOneLineAndStatus2(t *testing.T) {
 	testEnv(t, nil)
 	for _, args := range [][]string{

@@ -57,7 +57,7 @@ for SIGINT).`)
 	timeout := fs.Duration("timeout", 120*time.Second, "fail when the test takes longer than this `DURATION` (5s to 24h)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	verbose := fs.Bool("v", false, "print the library's source and what the plugin logged even when the test passes")
-	helper := fs.String("helper", "", "`PATH` of the "+helperName+" program (default: next to ncclnet-go, or in ../libexec/ncclnet-go)")
+	helper := fs.String("helper", "", "`PATH` of the "+helperName+" program (default: next to ncclnet-go, else in ../libexec/ncclnet-go, else in /usr/libexec/ncclnet-go)")
 	if err := fs.parse(args); err != nil {
 		return err
 	}
