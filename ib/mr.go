@@ -144,7 +144,7 @@ func (d *device) release(e *mrEntry) error {
 }
 
 // closeMRCache deregisters what NCCL never deregistered, as the device
-// closes; handles still pointing at these entries release nothing later.
+// closes; closeHCAsLocked removes the handles pointing at these entries.
 // The counters see the release, as in release: the metrics entry outlives
 // the transport.
 func (d *device) closeMRCache() {
@@ -157,6 +157,25 @@ func (d *device) closeMRCache() {
 	}
 	c.entries = nil
 	c.closed = true
+}
+
+// forgetHandlesOf removes from the handle table every registration on a port
+// of hcas, which are closing: nothing can use or release those handles any
+// more, and each would keep its transport reachable.
+func forgetHandlesOf(hcas []*hca) {
+	if len(hcas) == 0 {
+		return
+	}
+	closing := make(map[*hca]bool, len(hcas))
+	for _, h := range hcas {
+		closing[h] = true
+	}
+	handles.Range(func(r slots.Ref, h *mrHandle) bool {
+		if h.n > 0 && h.devs[0] != nil && closing[h.devs[0].hca] {
+			handles.Remove(r)
+		}
+		return true
+	})
 }
 
 // mrHandle is what a MemHandle resolves to: one cached registration per

@@ -1,8 +1,10 @@
 package ib
 
 import (
+	"runtime"
 	"testing"
 	"unsafe"
+	"weak"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -344,4 +346,37 @@ func TestDeviceCloseReleasesLeakedRegistrationsInMetrics(t *testing.T) {
 	require.NoError(t, a.t.Finalize())
 	assert.Zero(t, f.Device("simA_0").MRCount(), "the MR is gone")
 	assert.Equal(t, r0, m.MRRegistered.Load(), "and no longer counted as registered")
+}
+
+// NCCL frees its buffers after deregMr, but a registration it never
+// deregistered (closeMRCache's case) is released when the devices close.
+// Its handle must go with it: the handle table is the package's, and an
+// entry left there kept the closed devices (ports, HCA, its verbs context
+// and PD objects, the MR caches) reachable for the life of the process, one more per restart (NCCL 2.28+
+// restarts the transport per communicator): +2,000 handles and +8 MB of heap
+// over 2,000 such cycles.
+func TestUnreleasedRegistrationDoesNotKeepAClosedDevice(t *testing.T) {
+	f, a, b := twoHosts(t, softnic.DeviceConfig{})
+	before := handles.Len()
+	c := &host{t: NewWithOptions(Options{Provider: f.Provider(verbs.Features{}, "simA_0"), SysfsRoot: a.root}), log: &captureLog{}}
+	require.NoError(t, c.t.Init(nccl.InitContext{Log: c.log}))
+	sc, rc, l := connectUncollected(t, c, b)
+	mem := mmapBytes(t, 1<<16)
+	mh, err := sc.RegMr(unsafe.Pointer(&mem[0]), len(mem), nccl.PtrHost)
+	require.NoError(t, err)
+	require.NotNil(t, lookupMR(mh))
+	require.NoError(t, l.Close())
+	require.NoError(t, sc.Close()) // no DeregMr: NCCL skipped it
+	require.NoError(t, rc.Close())
+	wd, wh := weak.Make(c.t.devs[0]), weak.Make(c.t.hcas[0])
+	require.NoError(t, c.t.Finalize())
+	sc, rc, l, c = nil, nil, nil, nil
+
+	assert.Nil(t, lookupMR(mh), "the handle of a registration released with its device still resolves")
+	assert.Equal(t, before, handles.Len(), "the handle table still holds the closed device's registration")
+	for i := 0; i < 3; i++ {
+		runtime.GC()
+	}
+	assert.Nil(t, wd.Value(), "a finalized transport's device is kept reachable by a registration NCCL never deregistered")
+	assert.Nil(t, wh.Value(), "a closed HCA (context, PD, the other ports) is kept reachable by a registration NCCL never deregistered")
 }

@@ -331,6 +331,14 @@ func (t *Transport) closeHCAs() {
 }
 
 func (t *Transport) closeHCAsLocked() {
+	// The registrations NCCL never deregistered go with the devices
+	// (closeMRCache), and so do their handles: the table is the package's,
+	// so an entry left there would keep these devices, their HCA and MR
+	// caches reachable for the life of the process, one more set for every
+	// restart (NCCL 2.28+ restarts the transport per communicator), and
+	// would count against the table's limit. No comm of this transport is
+	// left to pass one of them back.
+	forgetHandlesOf(t.hcas)
 	for _, h := range t.hcas {
 		if h.stop != nil {
 			close(h.stop)
