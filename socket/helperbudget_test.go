@@ -1,6 +1,8 @@
 package socket
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -45,4 +47,60 @@ func TestHelperBudgetBoundsTheProcess(t *testing.T) {
 	require.NoError(t, s2.Close())
 	require.NoError(t, r2.Close())
 	assert.Equal(t, int64(0), helperBudget.used.Load())
+}
+
+// Under RLIMIT_NPROC (ulimit -u) or a cgroup pids.max, the Go runtime aborts
+// the host process (SIGABRT, "runtime/cgo: pthread_create failed") when a
+// helper's thread cannot be created: through the C ABI, a non-root process
+// under ulimit -u 12 with 4 striped streams was killed at its first transfer.
+// Helpers take only what the limit leaves beyond helperThreadReserve, the
+// data still moves, and a WARN names the limit once.
+func TestHelpersStayUnderTheThreadLimit(t *testing.T) {
+	require.Zero(t, helperBudget.used.Load(), "helpers left over by an earlier test")
+	helperBudget.warnedRoom.Store(false)
+	room := helperThreadReserve + 3
+	threadRoom = func() (int, string, bool) {
+		return room, "ulimit -u (RLIMIT_NPROC) is 100 and the user runs 30 threads", true
+	}
+	t.Cleanup(func() { threadRoom = osThreadRoom; helperBudget.warnedRoom.Store(false) })
+	withEnv(t, map[string]string{envNThreads: "4", envHelpers: "4", envInline: "0", envIdleInline: "0"})
+	log := &captureLog{}
+	tr := initLoopback(t, log)
+
+	s1, r1 := pair(t, tr)
+	assert.LessOrEqual(t, len(s1.helpers), 3, "one end takes at most the room left above the reserve")
+	assert.LessOrEqual(t, len(r1.helpers), 3)
+	room = helperThreadReserve
+	s2, r2 := pair(t, tr)
+	assert.Zero(t, len(s2.helpers)+len(r2.helpers), "no room above the reserve: no helpers")
+	exchange(t, s2, r2, 4<<20)
+	exchange(t, s1, r1, 4<<20)
+	assert.Equal(t, 1, strings.Count(log.String(), "ulimit -u (RLIMIT_NPROC) is 100"), log.String())
+	assert.Contains(t, log.String(), "NCCL_GO_SOCKET_HELPERS=0")
+	for _, c := range []interface{ Close() error }{s1, r1, s2, r2} {
+		require.NoError(t, c.Close())
+	}
+	assert.Equal(t, int64(0), helperBudget.used.Load())
+}
+
+// pidsRoom reads the tightest pids.max of the cgroup and its ancestors.
+func TestPidsRoomReadsTheTightestCgroup(t *testing.T) {
+	root, proc := t.TempDir(), t.TempDir()
+	oldC, oldP := cgroupRoot, procRoot
+	cgroupRoot, procRoot = root, proc
+	t.Cleanup(func() { cgroupRoot, procRoot = oldC, oldP })
+	require.NoError(t, os.MkdirAll(filepath.Join(proc, "self"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(proc, "self", "cgroup"), []byte("0::/pod/ctr\n"), 0o644))
+	for dir, v := range map[string][2]string{"pod": {"100", "90"}, "pod/ctr": {"max", "50"}} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "pids.max"), []byte(v[0]+"\n"), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "pids.current"), []byte(v[1]+"\n"), 0o644))
+	}
+	room, why, ok := pidsRoom()
+	require.True(t, ok)
+	assert.Equal(t, 10, room)
+	assert.Contains(t, why, "pids.max 100 with 90 in use")
+	require.NoError(t, os.WriteFile(filepath.Join(root, "pod", "pids.max"), []byte("max\n"), 0o644))
+	_, _, ok = pidsRoom()
+	assert.False(t, ok, "no limit anywhere")
 }

@@ -1,0 +1,149 @@
+package socket
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// The OS's own bounds on threads: RLIMIT_NPROC (ulimit -u, counted over every
+// task of the user) and a cgroup's pids.max (a container's or a Kubernetes
+// pod's pids limit). When the Go runtime cannot create a thread it aborts the
+// whole process ("runtime/cgo: pthread_create failed: Resource temporarily
+// unavailable", SIGABRT): nothing the host can catch. Stream helpers are the
+// only threads the plugin starts in proportion to its connections, so the
+// budget gives them only what these limits leave, minus helperThreadReserve
+// for the host's own threads and the runtime's.
+
+// helperThreadReserve is the number of threads the helpers leave free under a
+// limit: the host's threads, NCCL's, and the Ms the Go runtime may still add.
+const helperThreadReserve = 64
+
+// threadRoom is how many more threads this process may start under the
+// limits it has, and which limit that is; limited is false when neither
+// RLIMIT_NPROC nor a cgroup pids.max applies. Tests replace it.
+var threadRoom = osThreadRoom
+
+// cgroupRoot and procRoot are where the cgroup v2 hierarchy and procfs are
+// mounted (tests point them at fixtures).
+var (
+	cgroupRoot = "/sys/fs/cgroup"
+	procRoot   = "/proc"
+)
+
+func osThreadRoom() (room int, why string, limited bool) {
+	if r, w, ok := nprocRoom(); ok {
+		room, why, limited = r, w, true
+	}
+	if r, w, ok := pidsRoom(); ok && (!limited || r < room) {
+		room, why, limited = r, w, true
+	}
+	return room, why, limited
+}
+
+// nprocRoom: RLIMIT_NPROC applies to tasks of the real user, and not to root
+// (the kernel exempts the init user and CAP_SYS_RESOURCE / CAP_SYS_ADMIN; a
+// non-root process with one of those is treated as limited, the safe side).
+func nprocRoom() (int, string, bool) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY || os.Getuid() == 0 {
+		return 0, "", false
+	}
+	used := userTasks(os.Getuid())
+	return int(min(lim.Cur, 1<<31)) - used, fmt.Sprintf("ulimit -u (RLIMIT_NPROC) is %d and the user runs %d threads", lim.Cur, used), true
+}
+
+// userTasks counts the threads of every process the user owns (each counts
+// against RLIMIT_NPROC). Read at connection set-up, never on the data path.
+func userTasks(uid int) int {
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		var owner, threads = -1, 0
+		for _, line := range bytes.Split(b, []byte{'\n'}) {
+			if f := strings.Fields(string(line)); len(f) >= 2 {
+				switch f[0] {
+				case "Uid:":
+					owner, _ = strconv.Atoi(f[1])
+				case "Threads:":
+					threads, _ = strconv.Atoi(f[1])
+				}
+			}
+		}
+		if owner == uid {
+			n += threads
+		}
+	}
+	return n
+}
+
+// pidsRoom: the smallest pids.max - pids.current of this process's cgroup v2
+// and its ancestors (a limit on any of them applies).
+func pidsRoom() (int, string, bool) {
+	b, err := os.ReadFile(filepath.Join(procRoot, "self", "cgroup"))
+	if err != nil {
+		return 0, "", false
+	}
+	var rel string
+	found := false
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			rel, found = p, true
+			break
+		}
+	}
+	if !found {
+		return 0, "", false
+	}
+	room, why, limited := 0, "", false
+	for dir := filepath.Join(cgroupRoot, rel); ; dir = filepath.Dir(dir) {
+		if r, ok := cgroupPidsRoom(dir); ok && (!limited || r < room) {
+			room, limited = r, true
+			why = fmt.Sprintf("the cgroup %s has pids.max %d with %d in use", dir, r+readInt(filepath.Join(dir, "pids.current")), readInt(filepath.Join(dir, "pids.current")))
+		}
+		if dir == cgroupRoot || len(dir) <= len(cgroupRoot) {
+			break
+		}
+	}
+	return room, why, limited
+}
+
+func cgroupPidsRoom(dir string) (int, bool) {
+	b, err := os.ReadFile(filepath.Join(dir, "pids.max"))
+	if err != nil {
+		return 0, false
+	}
+	s := strings.TrimSpace(string(b))
+	if s == "max" {
+		return 0, false
+	}
+	max, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, false
+	}
+	return max - readInt(filepath.Join(dir, "pids.current")), true
+}
+
+func readInt(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
