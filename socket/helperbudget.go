@@ -15,7 +15,10 @@ import (
 // finds the budget spent gets fewer helpers or none, and NCCL's thread moves
 // those streams' chunks itself, as on a small host; helpers pay off on a few
 // busy connections, not on thousands of mostly idle ones.
-var helperBudget = budget{limit: 1024}
+var helperBudget = budget{limit: maxHelpers}
+
+// maxHelpers is the most stream helpers the process keeps.
+const maxHelpers = 1024
 
 type budget struct {
 	limit      int64

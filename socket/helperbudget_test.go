@@ -104,3 +104,39 @@ func TestPidsRoomReadsTheTightestCgroup(t *testing.T) {
 	_, _, ok = pidsRoom()
 	assert.False(t, ok, "no limit anywhere")
 }
+
+// Most users have a finite ulimit -u (Debian and Ubuntu set one from the
+// RAM size), so nprocRoom runs at every connection that wants helpers: when
+// the host's whole thread count leaves room for every helper, it must not
+// scan /proc (a read of every process's status file per connection).
+func TestNprocRoomScansProcOnlyWhenTheLimitIsNear(t *testing.T) {
+	old := procRoot
+	t.Cleanup(func() { procRoot = old })
+	procRoot = t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(procRoot, "loadavg"), []byte("0.10 0.20 0.30 2/500 1234\n"), 0o644))
+	// One process of user 1000 with 30 threads, one of user 0 with 400.
+	for pid, st := range map[string]string{"10": "Uid:\t1000\t1000\t1000\t1000\nThreads:\t30\n", "11": "Uid:\t0\t0\t0\t0\nThreads:\t400\n"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(procRoot, pid), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(procRoot, pid, "status"), []byte(st), 0o644))
+	}
+	room, why, ok := nprocRoomFor(100000, 1000)
+	require.True(t, ok)
+	assert.Equal(t, 100000-500, room, "a far limit is bounded by the host's threads, without a scan: %s", why)
+	assert.Contains(t, why, "the host runs 500 threads")
+	room, why, ok = nprocRoomFor(1200, 1000)
+	require.True(t, ok)
+	assert.Equal(t, 1200-30, room, "a near limit counts the user's own threads: %s", why)
+	assert.Contains(t, why, "the user runs 30 threads")
+}
+
+func TestSystemThreadsReadsLoadavg(t *testing.T) {
+	old := procRoot
+	t.Cleanup(func() { procRoot = old })
+	procRoot = t.TempDir()
+	_, ok := systemThreads()
+	assert.False(t, ok, "no loadavg")
+	require.NoError(t, os.WriteFile(filepath.Join(procRoot, "loadavg"), []byte("0.10 0.20 0.30 2/500 1234\n"), 0o644))
+	n, ok := systemThreads()
+	require.True(t, ok)
+	assert.Equal(t, 500, n)
+}

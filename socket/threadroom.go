@@ -54,8 +54,40 @@ func nprocRoom() (int, string, bool) {
 	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY || os.Getuid() == 0 {
 		return 0, "", false
 	}
-	used := userTasks(os.Getuid())
-	return int(min(lim.Cur, 1<<31)) - used, fmt.Sprintf("ulimit -u (RLIMIT_NPROC) is %d and the user runs %d threads", lim.Cur, used), true
+	return nprocRoomFor(int(min(lim.Cur, 1<<31)), os.Getuid())
+}
+
+// nprocRoomFor is nprocRoom for a user uid under a limit of limit tasks.
+func nprocRoomFor(limit, uid int) (int, string, bool) {
+	// Distributions set a finite ulimit -u for every user (Debian and Ubuntu
+	// from the RAM size, some 100,000s), so this runs for most jobs, once per
+	// connection, and NCCL opens hundreds: the host's thread count, one read,
+	// bounds the user's from above, and when even it leaves room for every
+	// helper the process may keep, the scan of /proc is not needed.
+	if total, ok := systemThreads(); ok && limit-total >= helperThreadReserve+maxHelpers {
+		return limit - total, fmt.Sprintf("ulimit -u (RLIMIT_NPROC) is %d and the host runs %d threads", limit, total), true
+	}
+	used := userTasks(uid)
+	return limit - used, fmt.Sprintf("ulimit -u (RLIMIT_NPROC) is %d and the user runs %d threads", limit, used), true
+}
+
+// systemThreads is the number of threads on the host (the fourth field of
+// /proc/loadavg, "running/total").
+func systemThreads() (int, bool) {
+	b, err := os.ReadFile(filepath.Join(procRoot, "loadavg"))
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 4 {
+		return 0, false
+	}
+	_, total, ok := strings.Cut(f[3], "/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(total)
+	return n, err == nil
 }
 
 // userTasks counts the threads of every process the user owns (each counts
