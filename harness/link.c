@@ -124,6 +124,11 @@ int pick_version(const opts_t* o, shm_t* shm, char* err, size_t errlen) {
 }
 
 int rank_open(rank_t* r, net_t* n, const char* path, int version, hprops_t* p, char* why, size_t whylen) {
+  /* NCCLNET_HARNESS_PLUGIN_RANK0 / _RANK1: that rank loads this library
+   * instead of --plugin, so two builds meet as on a cluster mid-upgrade
+   * (docs/configuration.md). */
+  const char* alt = getenv(r->rank == 0 ? "NCCLNET_HARNESS_PLUGIN_RANK0" : "NCCLNET_HARNESS_PLUGIN_RANK1");
+  if (alt != NULL && *alt) path = alt;
   set_where(r, "loading the plugin");
   if (net_load(n, path, version, why, whylen) != 0) return -1;
   const char* miss = net_missing_entry(n);

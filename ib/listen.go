@@ -145,6 +145,13 @@ func (l *listener) serve(conn net.Conn) {
 		return
 	}
 	if err := h.check(l.magic, l.secret); err != nil {
+		var ve *versionError
+		if errors.As(err, &ve) {
+			// The right magic and type: a rank of this job running another
+			// build (a rolling upgrade, a stale install on one node).
+			l.t.log.Warnf("NET/GoIB : refusing the connection from %v: its %v; use the same libnccl-net-go build on every host", conn.RemoteAddr(), err)
+			return
+		}
 		l.t.log.Infof(nccl.SubsysNet, "NET/GoIB : dropping connection from %v: %v (NCCL_SOCKET_MAGIC differs, or a stray connection)", conn.RemoteAddr(), err)
 		return
 	}

@@ -38,7 +38,22 @@ const (
 	handleVersion = 1
 	// socketTypeNetIB is NCCL's socket type tag for IB handshakes.
 	socketTypeNetIB = 4
-	protoVersion    = 1
+	// protoVersion is carried by the hello and changes whenever any byte the
+	// two ranks exchange, or what a receiving rank makes of it, changes: the
+	// handshake messages, the CTS FIFO entries, the completion records, the
+	// immediates, the QP striping, the kept handshake connection. Two builds
+	// that differ there then refuse each other at the handshake instead of
+	// failing mid-job. TestWireMatchesProtoVersion (wire_unsafe_test.go)
+	// pins all of it per version: a wire change without a bump fails there.
+	//
+	//	1: 2026-11-22, the first buildable ib (50a4d71).
+	//	2: 2026-11-24 (c542a9c, bumped only on 2026-11-29): a receive buffer of
+	//	   0 bytes advertises a real address and rkey (its registration's, or
+	//	   the completion records'), and a sender refuses a CTS entry with
+	//	   address or rkey 0; a version-1 receiver advertised rkey 0 there, so
+	//	   every 0-byte message from a newer sender failed the comm
+	//	   (ncclInternalError, "protocol error ... advertises ... rkey 0x0").
+	protoVersion = 2
 )
 
 func randomU64() uint64 {
@@ -145,11 +160,21 @@ func (h *hello) check(magic, secret uint64) error {
 	case h.Type != socketTypeNetIB:
 		return fmt.Errorf("socket type %d is not NetIb (%d)", h.Type, socketTypeNetIB)
 	case h.Version != protoVersion:
-		return fmt.Errorf("protocol version %d is not %d (a different plugin build)", h.Version, protoVersion)
+		return &versionError{peer: h.Version}
 	case h.Secret != secret:
 		return fmt.Errorf("the secret does not match this listen (a stale handle)")
 	}
 	return nil
+}
+
+// versionError is a hello from a connector that knows this listen's magic
+// but speaks another protocol version: another libnccl-net-go build, which
+// the listener WARNs about (its connector fails with "the listener closed
+// the connection without answering").
+type versionError struct{ peer uint32 }
+
+func (e *versionError) Error() string {
+	return fmt.Sprintf("protocol version %d is not this build's %d (a different libnccl-net-go build)", e.peer, protoVersion)
 }
 
 const (

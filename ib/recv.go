@@ -131,7 +131,7 @@ func (c *recvComm) Irecv(bufs []nccl.RecvBuffer) (nccl.Request, error) {
 	nq := c.nDataQPs
 	c.rwr[0] = verbs.RecvWR{WRID: wrRecv | uint64(slot)}
 	for i := 0; i < nq; i++ {
-		qi := int((c.fifoHead*uint64(nq) + uint64(i)) % uint64(len(c.qps)))
+		qi := dataQP(c.fifoHead, i, nq, len(c.qps))
 		if _, err := c.qps[qi].qp.PostRecv(c.rwr[:]); err != nil {
 			return nccl.NoRequest, c.verbsFailed(nccl.Errorf(nccl.SystemError, "NET/GoIB : ibv_post_recv on %s: %w", c.devs[c.qps[qi].dev].device, err), true)
 		}

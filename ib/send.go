@@ -25,6 +25,32 @@ func chunkSize(size, nq int) int {
 	return (c + chunkAlign - 1) / chunkAlign * chunkAlign
 }
 
+// dataQP is the QP that carries data QP i's share of message seq (the FIFO
+// head when it was posted): each message starts one data-QP round further,
+// so consecutive messages spread over every QP. The receiver posts its
+// receive for that share on the same QP.
+func dataQP(seq uint64, i, nDataQPs, nqps int) int {
+	return int((seq*uint64(nDataQPs) + uint64(i)) % uint64(nqps))
+}
+
+// immOf is the immediate of a single receive's WRITE_WITH_IMM: the size
+// sent, or immTruncated with the attempted size when nothing was written.
+func immOf(size int, truncated bool) uint32 {
+	if truncated {
+		return immTruncated | uint32(min(size, immTruncated-1))
+	}
+	return uint32(size)
+}
+
+// sizeRecordOf is a grouped receive's completion-record word for one of
+// its buffers: the size sent, or -size-1 when it was truncated.
+func sizeRecordOf(size int, truncated bool) int32 {
+	if truncated {
+		return -int32(size) - 1
+	}
+	return int32(size)
+}
+
 type sendReq struct {
 	truncated bool
 	size      int
@@ -229,18 +255,13 @@ func (s *sendComm) post(slot, nreqs int) error {
 	for r := 0; r < nreqs; r++ {
 		req := s.req(slot, r)
 		if nreqs > 1 {
-			if req.truncated {
-				s.sizes[slot][r] = -int32(req.size) - 1
-			} else {
-				s.sizes[slot][r] = int32(req.size)
-			}
+			s.sizes[slot][r] = sizeRecordOf(req.size, req.truncated)
 		}
 	}
 	first := s.req(slot, 0)
 	separateImm := nreqs == 1 && s.ar && !first.truncated && first.size > s.arThreshold
 	for i := 0; i < nq; i++ {
-		qi := int((s.fifoHead*uint64(nq) + uint64(i)) % uint64(len(s.qps)))
-		q := &s.qps[qi]
+		q := &s.qps[dataQP(s.fifoHead, i, nq, len(s.qps))]
 		n := 0
 		for r := 0; r < nreqs; r++ {
 			req := s.req(slot, r)
@@ -260,10 +281,7 @@ func (s *sendComm) post(slot, nreqs int) error {
 		}
 		switch {
 		case nreqs == 1:
-			imm := uint32(first.size)
-			if first.truncated {
-				imm = immTruncated | uint32(min(first.size, immTruncated-1))
-			}
+			imm := immOf(first.size, first.truncated)
 			if n == 0 || separateImm {
 				// Nothing to write here (0 bytes, truncated, or this QP's
 				// share is empty), or AR: a zero-length WRITE_WITH_IMM that

@@ -227,6 +227,15 @@ type msgHeader struct {
 	size, ctrlLen, tag int
 }
 
+// putHeader writes the header of message seq (parseHeader reads it).
+func putHeader(h []byte, size, ctrlLen, tag int, seq uint32) {
+	_ = h[hdrLen-1]
+	binary.LittleEndian.PutUint32(h[0:], uint32(size))
+	binary.LittleEndian.PutUint32(h[4:], uint32(ctrlLen))
+	binary.LittleEndian.PutUint32(h[8:], uint32(int32(tag)))
+	binary.LittleEndian.PutUint32(h[12:], hdrCheck^seq)
+}
+
 // parseHeader checks and reads a message header: seq is the message's
 // sequence number, streams the connection's data stream count.
 func parseHeader(h []byte, seq uint32, streams int) (msgHeader, error) {

@@ -1,7 +1,6 @@
 package socket
 
 import (
-	"encoding/binary"
 	"sync/atomic"
 	"unsafe"
 
@@ -86,10 +85,7 @@ func (s *sendComm) Isend(data unsafe.Pointer, size int, tag int, _ nccl.MemHandl
 	if striped {
 		r.ctrlLen = 0
 	}
-	binary.LittleEndian.PutUint32(r.hdr[0:], uint32(size))
-	binary.LittleEndian.PutUint32(r.hdr[4:], uint32(r.ctrlLen))
-	binary.LittleEndian.PutUint32(r.hdr[8:], uint32(int32(tag)))
-	binary.LittleEndian.PutUint32(r.hdr[12:], hdrCheck^r.seq)
+	putHeader(r.hdr[:], size, r.ctrlLen, tag, r.seq)
 	if striped {
 		s.stripe(data, 0, size, &r.left)
 	}
