@@ -99,6 +99,7 @@ func TestStalePingDoesNotClearDoubt(t *testing.T) {
 	require.NoError(t, err)
 	// A ping of ours went out and was answered; then the request completed.
 	r.live.pingAt = now
+	r.live.idled = true
 	deafen(t, &s.core)
 	_, err = sendSlice(s.live.fd, []byte{0}) // the peer's ping, retransmitted while we are idle
 	require.NoError(t, err)
@@ -195,6 +196,7 @@ func TestDoubtLeftOpenOverIdleIsNoVerdict(t *testing.T) {
 	}
 	undeafen(t, &s.core)
 	// The request completes before the ping was due; idle for 3 s.
+	l.idled = true
 	time.Sleep(3 * time.Second)
 	deafen(t, &r.core) // a blip starts with the next request
 	blip := time.Now()
@@ -282,4 +284,51 @@ func TestRetransmissionWithTheFINRaisesDoubt(t *testing.T) {
 		}
 	}
 	assert.True(t, l.doubt, "a retransmission that came with the FIN raised no doubt (data segments %d, bytes %d)", l.segsIn, l.bytesIn)
+}
+
+// TestStallWithARequestPendingKeepsTheOutstandingPing: a check late by more
+// than two periods while a request stayed pending follows a stall of
+// NCCL's thread, not an idle spell: our unanswered ping still counts from
+// when it went out. Taken for idle (until 2026-11-29), the stall dropped it
+// and silence counted again from the last segment, which a deaf peer's
+// retransmissions keep young: a one-way cut's verdict came up to a timeout
+// late (CI: 4.0009 s against NCCL_GO_TIMEOUT + 2 s; 3 of 41 runs under load).
+// After the last request completed, the same lateness is an idle spell and
+// starts afresh, as before.
+func TestStallWithARequestPendingKeepsTheOutstandingPing(t *testing.T) {
+	withEnv(t, map[string]string{envTimeout: "2", envNThreads: "0"})
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	l := &r.live
+	_, err := l.check(clock.Now())
+	require.NoError(t, err)
+	deafen(t, &s.core)                  // the ping below is never answered
+	_, err = sendSlice(l.fd, []byte{0}) // a ping of ours
+	require.NoError(t, err)
+	_, err = l.check(clock.Now())
+	require.NoError(t, err)
+	require.NotZero(t, l.pingAt, "the unanswered ping is not outstanding")
+	pingAt := l.pingAt
+	time.Sleep(time.Duration(3 * l.pol.period)) // NCCL's thread held up, a request pending
+	_, err = l.check(clock.Now())
+	require.NoError(t, err)
+	assert.Equal(t, pingAt, l.pingAt, "a stall with a request pending dropped the outstanding ping")
+
+	l.idled = true // the last request completed: an idle spell follows
+	time.Sleep(time.Duration(3 * l.pol.period))
+	_, err = l.check(clock.Now())
+	require.NoError(t, err)
+	assert.Greater(t, l.pingAt, pingAt, "after an idle spell the ping counts afresh")
+}
+
+// TestLastRequestCompletingMarksAnIdleSpell: the liveness check tells an
+// idle spell from a stall by whether the comm's last pending request
+// completed since the previous check; both ends' tests must say so.
+func TestLastRequestCompletingMarksAnIdleSpell(t *testing.T) {
+	withEnv(t, map[string]string{envNThreads: "0"})
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	exchange(t, s, r, 64)
+	assert.True(t, s.live.idled, "the sender's last send completed without marking an idle spell")
+	assert.True(t, r.live.idled, "the receiver's last receive completed without marking an idle spell")
 }

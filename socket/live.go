@@ -69,12 +69,17 @@ type liveness struct {
 	segsIn             uint32
 	bytesIn            uint64
 	last               int64 // when the previous check ran; 0 before the first
-	silent             int64 // how long the peer had not answered, as of the last check
-	closed             bool  // the peer closed its end (EOF or reset), at closedAt
-	closedAt           int64
-	calls              uint32 // checkLive calls, for reading the clock only every liveClockEvery
-	info               unix.TCPInfo
-	buf                [64]byte
+	// idled: since the previous check, the comm's last pending request
+	// completed (so NCCL's thread had no reason to call test). A check late
+	// by more than two periods without it follows a stall of NCCL's thread
+	// with a request pending, not an idle spell.
+	idled    bool
+	silent   int64 // how long the peer had not answered, as of the last check
+	closed   bool  // the peer closed its end (EOF or reset), at closedAt
+	closedAt int64
+	calls    uint32 // checkLive calls, for reading the clock only every liveClockEvery
+	info     unix.TCPInfo
+	buf      [64]byte
 	// Counters for tests and docs: checks run, pings written.
 	checks, pings uint64
 }
@@ -100,9 +105,16 @@ func (l *liveness) check(t int64) (liveState, error) {
 	// A check more than two periods after the previous one follows an idle
 	// spell (no request pending, no check): what was heard before it is too
 	// old to say, and an ACK of a ping of ours seen now may have come before
-	// a retransmission that raises a doubt now.
-	first, gap := l.last == 0, t-l.last > 2*l.pol.period
-	l.last = t
+	// a retransmission that raises a doubt now. Only an idle spell: when a
+	// request stayed pending all along, NCCL's thread was held up (a busy
+	// or stopped process), and what this end knew still holds. Taken for
+	// idle, the stall dropped our outstanding ping and took silence from the
+	// last segment again, which a deaf peer's retransmissions keep young:
+	// the verdict on a one-way cut came up to a timeout late after each
+	// stall of 0.2 s or more (the CI failure of 2026-11-29, 4.0009 s against
+	// NCCL_GO_TIMEOUT + 2 s).
+	first, gap := l.last == 0, l.idled && t-l.last > 2*l.pol.period
+	l.last, l.idled = t, false
 	if gap {
 		l.pingAt = 0
 	}

@@ -384,6 +384,9 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 			copy(sizes, q.sizes[:q.n])
 		}
 		r.reqs.Put(int(req))
+		if r.reqs.InUse() == 0 {
+			r.live.idled = true
+		}
 		return err == nil, err
 	}
 	if err := r.failed(); err != nil {

@@ -153,7 +153,7 @@ func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
 	}
 	if r.off == hdrLen+r.ctrlLen && r.left.Load() == 0 {
 		size := r.size
-		s.reqs.Put(int(req))
+		s.complete(int(req))
 		return true, size, nil
 	}
 	if err := s.failed(); err != nil {
@@ -172,7 +172,7 @@ func (s *sendComm) Test(req nccl.Request) (bool, int, error) {
 		// done here, not failed.
 		if r.off == hdrLen+r.ctrlLen && r.left.Load() == 0 {
 			size := r.size
-			s.reqs.Put(int(req))
+			s.complete(int(req))
 			return true, size, nil
 		}
 		s.fail(nccl.SystemError, "the peer %s closed the connection (process exited or comm closed) before receiving everything sent", s.peer)
@@ -195,3 +195,12 @@ func (s *sendComm) DeregMr(mh nccl.MemHandle) error { return s.deregMr(mh) }
 // With a send pending it is an abort: a message cut short fails at the
 // receiver however its bytes end, so no stream is worth keeping.
 func (s *sendComm) Close() error { return s.close(s.reqs.InUse() == 0) }
+
+// complete returns a finished send's request; the last one marks an idle
+// spell for the liveness check (live.go).
+func (s *sendComm) complete(id int) {
+	s.reqs.Put(id)
+	if s.reqs.InUse() == 0 {
+		s.live.idled = true
+	}
+}
