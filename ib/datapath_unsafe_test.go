@@ -2,6 +2,7 @@ package ib
 
 import (
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -63,22 +64,49 @@ func TestIsendWithTagAlreadyMatchedIsNoRequest(t *testing.T) {
 	assert.False(t, a.log.has("matches no free buffer"), a.log.String())
 }
 
-// A tag that no buffer of the oldest slot carries at all is still the
-// caller's error.
-func TestIsendWithUnknownTagIsInvalidUsage(t *testing.T) {
+// A tag that no buffer of the oldest slot carries is a send for a later
+// receive, not an error: with PXN one shared comm carries the sends of
+// several ranks (each tag a rank), and the receiver posts a receive per
+// proxy op, so a rank whose receive comes in a later op (recv from S1, then
+// recv from S3) can send before the rank the oldest slot waits for.
+// NCCL's ncclIbIsend answers NULL (retry) whenever no free buffer of the
+// oldest slot carries the tag; failing it aborted the communicator.
+func TestIsendWithTagOfALaterReceiveIsNoRequest(t *testing.T) {
 	setEnv(t)
 	_, a, b := twoHosts(t, softnic.DeviceConfig{})
 	sc, rc := connectPair(t, a, 0, b, 0)
-	rb := newBuf(t, rc, 64, 0)
-	sb := newBuf(t, sc, 64, 0)
-	_, err := rc.Irecv([]nccl.RecvBuffer{{Data: rb.ptr(), Size: 64, Tag: 1, MH: rb.mh}, {Data: rb.ptr(), Size: 64, Tag: 2, MH: rb.mh}})
+	const size = 64
+	rb := newBuf(t, rc, 2*size, 0xee)
+	sb := newBuf(t, sc, 2*size, 0)
+	copy(sb.b, pattern(size, 1))
+	copy(sb.b[size:], pattern(size, 3))
+	// Receive from tag 1 first, then from tag 3: two CTS slots.
+	r1, err := rc.Irecv([]nccl.RecvBuffer{{Data: rb.ptr(), Size: size, Tag: 1, MH: rb.mh}})
 	require.NoError(t, err)
-	var r nccl.Request
-	within(t, "isend", func() (bool, error) {
-		r, err = sc.Isend(sb.ptr(), 8, 3, sb.mh)
-		return r != nccl.NoRequest || err != nil, nil
+	r3, err := rc.Irecv([]nccl.RecvBuffer{{Data: unsafe.Add(rb.ptr(), size), Size: size, Tag: 3, MH: rb.mh}})
+	require.NoError(t, err)
+	// Tag 3 sends first: refused until tag 1's send moved the FIFO on.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		r, err := sc.Isend(unsafe.Add(sb.ptr(), size), size, 3, sb.mh)
+		require.NoError(t, err, "a send for a later receive is retried, as NCCL's IB does")
+		require.Equal(t, nccl.NoRequest, r, "tag 3 is not in the oldest slot")
+	}
+	var s1, s3 nccl.Request
+	within(t, "tag 1", func() (bool, error) { s1, err = sc.Isend(sb.ptr(), size, 1, sb.mh); return s1 != nccl.NoRequest, err })
+	within(t, "tag 3", func() (bool, error) {
+		s3, err = sc.Isend(unsafe.Add(sb.ptr(), size), size, 3, sb.mh)
+		return s3 != nccl.NoRequest, err
 	})
-	assert.Equal(t, nccl.InvalidUsage, nccl.ResultOf(err), "%v", err)
+	for _, r := range []nccl.Request{r1, r3} {
+		sizes := make([]int, 1)
+		within(t, "recv", func() (bool, error) { return rc.Test(r, sizes) })
+		assert.Equal(t, []int{size}, sizes)
+	}
+	for _, r := range []nccl.Request{s1, s3} {
+		within(t, "send", func() (bool, error) { d, _, err := sc.Test(r); return d, err })
+	}
+	assert.Equal(t, sb.b, rb.b, "each message in the buffer of its tag")
+	assert.False(t, a.log.has("matches no free buffer"), a.log.String())
 }
 
 // A long pipelined run: the FIFO wraps hundreds of times, grouped receives

@@ -184,27 +184,25 @@ func (s *sendComm) isend(data uint64, size int, tag int, mh nccl.MemHandle) (ncc
 		// receiver that died mid-write would leave it so for good.
 		return s.notYet(size, "the rest of the receiver's clear-to-send")
 	}
-	entry, taken := -1, false
+	entry := -1
 	for r := 0; r < nreqs; r++ {
-		if ents[r].Tag != uint32(tag) {
-			continue
+		if ents[r].Tag == uint32(tag) && s.slotReq[slot][r] < 0 {
+			entry = r
+			break
 		}
-		if s.slotReq[slot][r] >= 0 {
-			taken = true
-			continue
-		}
-		entry = r
-		break
-	}
-	if entry < 0 && taken {
-		// Every buffer with this tag already has its send: this one is
-		// for a later receive (one tag of a grouped receive ahead of
-		// another, as PXN's shared comms do). Retry once the slot is
-		// posted, as NCCL's ncclIbIsend answers NULL.
-		return s.notYet(size, "the receive after the one whose buffer with this tag is taken")
 	}
 	if entry < 0 {
-		return nccl.NoRequest, nccl.Errorf(nccl.InvalidUsage, "NET/GoIB : isend with tag %d matches no free buffer of the receive posted by %s (%d buffers); sends and receives must agree on tags", tag, s.peer, nreqs)
+		// No free buffer of the oldest slot has this tag: the send is for
+		// a later receive. Every buffer with the tag may have its send
+		// already (one tag of a grouped receive ahead of another), or the
+		// slot may not carry the tag at all: with PXN one shared comm
+		// carries the sends of several ranks and the receiver posts one
+		// receive per proxy op, so a rank whose receive comes in a later
+		// op can send first. NCCL's ncclIbIsend answers NULL in both
+		// cases and matches the send once the slot moved on; a tag no
+		// receive ever carries waits like a receive never posted (the
+		// glue's stall WARN names it).
+		return s.notYet(size, "the receive with a free buffer for this tag")
 	}
 	var h *mrHandle
 	if size > 0 {
