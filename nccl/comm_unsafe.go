@@ -60,8 +60,11 @@ type RecvComm interface {
 	// Irecv posts a grouped receive of len(bufs) buffers (1 to MaxRecvs, each
 	// 0 to MaxNetSize bytes: the glue has checked both). Each incoming send
 	// goes to a free buffer with its tag in the oldest posted receive that
-	// still has a free buffer; if that receive has none with its tag, the side
-	// that can tell fails with InvalidUsage. A send larger than its buffer fails with
+	// still has a free buffer. If that receive has no buffer with its tag, the
+	// send may be for a later receive (PXN's shared comms, GPU-direct
+	// transports only): wait with NoRequest, as NCCL's IB transport does; a
+	// transport without GPU-direct may instead fail with InvalidUsage on the
+	// side that can tell (docs/extending.md). A send larger than its buffer fails with
 	// InvalidUsage and nothing is written past the buffer. bufs is only valid
 	// during the call (the glue reuses the slice): copy it; the memory it
 	// points to is the transport's until Test reports r done or failed.
