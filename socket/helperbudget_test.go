@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // Each stream helper holds an OS thread while its connection is open, and the
@@ -139,4 +140,67 @@ func TestSystemThreadsReadsLoadavg(t *testing.T) {
 	n, ok := systemThreads()
 	require.True(t, ok)
 	assert.Equal(t, 500, n)
+}
+
+// On a cgroup v1 host (or a hybrid one, which has a "0::" line too, with no
+// controller behind it) a container's pids limit is in the v1 pids hierarchy
+// (/sys/fs/cgroup/pids), and without a cgroup namespace /proc/self/cgroup
+// names the container's cgroup by its host path while the container sees its
+// own cgroup mounted at the hierarchy's root: the search walks up to it.
+// Reading only the "0::" line found no limit there, and the helpers went past
+// a docker --pids-limit.
+func TestPidsRoomReadsTheV1PidsHierarchy(t *testing.T) {
+	root, proc := t.TempDir(), t.TempDir()
+	oldC, oldP := cgroupRoot, procRoot
+	cgroupRoot, procRoot = root, proc
+	t.Cleanup(func() { cgroupRoot, procRoot = oldC, oldP })
+	require.NoError(t, os.MkdirAll(filepath.Join(proc, "self"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "unified"), 0o755))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "pids"), 0o755))
+	// The container's own cgroup, mounted at the v1 hierarchy's root.
+	require.NoError(t, os.WriteFile(filepath.Join(root, "pids", "pids.max"), []byte("200\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "pids", "pids.current"), []byte("150\n"), 0o644))
+	for _, self := range []string{
+		"12:pids:/docker/0123abcd\n4:memory:/docker/0123abcd\n1:name=systemd:/docker/0123abcd\n",                      // v1
+		"12:pids:/docker/0123abcd\n4:memory:/docker/0123abcd\n1:name=systemd:/docker/0123abcd\n0::/docker/0123abcd\n", // hybrid
+	} {
+		require.NoError(t, os.WriteFile(filepath.Join(proc, "self", "cgroup"), []byte(self), 0o644))
+		room, why, ok := pidsRoom()
+		require.True(t, ok, "a v1 pids limit was not found (%q)", self)
+		assert.Equal(t, 50, room)
+		assert.Contains(t, why, "pids.max 200 with 150 in use")
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, "pids", "pids.max"), []byte("max\n"), 0o644))
+	_, _, ok := pidsRoom()
+	assert.False(t, ok, "no limit anywhere")
+}
+
+// RLIMIT_NPROC spares only the host's root: root in a user namespace
+// (rootless podman, an unprivileged LXC container) is an ordinary user to
+// the kernel, whose ulimit -u applies (RHEL's limits.d gives non-root users
+// 4096). nprocRoom took uid 0 for the host's root and set no bound there.
+func TestNprocRoomBoundsRootInAUserNamespace(t *testing.T) {
+	var lim unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NPROC, &lim))
+	if lim.Cur == unix.RLIM_INFINITY {
+		// A finite but far limit: nothing this test does comes near it.
+		far := unix.Rlimit{Cur: 1 << 30, Max: lim.Max}
+		require.NoError(t, unix.Setrlimit(unix.RLIMIT_NPROC, &far))
+		t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NPROC, &lim) })
+	}
+	oldP, oldU := procRoot, getuid
+	procRoot, getuid = t.TempDir(), func() int { return 0 }
+	t.Cleanup(func() { procRoot, getuid = oldP, oldU })
+	require.NoError(t, os.MkdirAll(filepath.Join(procRoot, "self"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(procRoot, "loadavg"), []byte("0.10 0.20 0.30 2/500 1234\n"), 0o644))
+	uidMap := filepath.Join(procRoot, "self", "uid_map")
+
+	require.NoError(t, os.WriteFile(uidMap, []byte("         0     100000      65536\n"), 0o644))
+	_, why, ok := nprocRoom()
+	assert.True(t, ok, "root of a user namespace is under ulimit -u")
+	assert.Contains(t, why, "RLIMIT_NPROC")
+
+	require.NoError(t, os.WriteFile(uidMap, []byte("         0          0 4294967295\n"), 0o644))
+	_, _, ok = nprocRoom()
+	assert.False(t, ok, "the host's root is exempt")
 }

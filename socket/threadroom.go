@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -32,6 +33,7 @@ var threadRoom = osThreadRoom
 // cgroupRoot and procRoot are where the cgroup v2 hierarchy and procfs are
 // mounted (tests point them at fixtures).
 var (
+	getuid     = os.Getuid
 	cgroupRoot = "/sys/fs/cgroup"
 	procRoot   = "/proc"
 )
@@ -46,15 +48,38 @@ func osThreadRoom() (room int, why string, limited bool) {
 	return room, why, limited
 }
 
-// nprocRoom: RLIMIT_NPROC applies to tasks of the real user, and not to root
-// (the kernel exempts the init user and CAP_SYS_RESOURCE / CAP_SYS_ADMIN; a
-// non-root process with one of those is treated as limited, the safe side).
+// nprocRoom: RLIMIT_NPROC applies to tasks of the real user, and not to the
+// host's root (the kernel exempts the initial user namespace's root and
+// CAP_SYS_RESOURCE / CAP_SYS_ADMIN there; a non-root process with one of
+// those is treated as limited, the safe side). Root in a user namespace
+// (rootless podman, an unprivileged LXC container) is an ordinary user to
+// the kernel, and its ulimit -u applies.
 func nprocRoom() (int, string, bool) {
 	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY || os.Getuid() == 0 {
+	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY {
 		return 0, "", false
 	}
-	return nprocRoomFor(int(min(lim.Cur, 1<<31)), os.Getuid())
+	uid := getuid()
+	if uid == 0 && rootIsHostRoot() {
+		return 0, "", false
+	}
+	return nprocRoomFor(int(min(lim.Cur, 1<<31)), uid)
+}
+
+// rootIsHostRoot reports whether this process's uid 0 is the host's root:
+// its user namespace maps 0 to 0 (the initial namespace reads
+// "0 0 4294967295"). Without the file (no user namespaces) it is.
+func rootIsHostRoot() bool {
+	b, err := os.ReadFile(filepath.Join(procRoot, "self", "uid_map"))
+	if err != nil {
+		return true
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == "0" {
+			return f[1] == "0"
+		}
+	}
+	return false
 }
 
 // nprocRoomFor is nprocRoom for a user uid under a limit of limit tasks.
@@ -124,31 +149,50 @@ func userTasks(uid int) int {
 	return n
 }
 
-// pidsRoom: the smallest pids.max - pids.current of this process's cgroup v2
-// and its ancestors (a limit on any of them applies).
+// pidsRoom: the smallest pids.max - pids.current of this process's cgroup
+// and its ancestors (a limit on any of them applies), in the cgroup v2
+// hierarchy ("0::" in /proc/self/cgroup) and in a cgroup v1 pids hierarchy
+// ("<n>:pids:", mounted at cgroupRoot/pids; a v1 or hybrid host, where a
+// container's pids limit lives there). Without a cgroup namespace the path
+// is the host's while the container has its own cgroup mounted at the
+// hierarchy's root: the walk up to that root finds it.
 func pidsRoom() (int, string, bool) {
 	b, err := os.ReadFile(filepath.Join(procRoot, "self", "cgroup"))
 	if err != nil {
 		return 0, "", false
 	}
-	var rel string
-	found := false
+	room, why, limited := 0, "", false
 	for _, line := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(line, "0::"); ok {
-			rel, found = p, true
-			break
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		var base string
+		switch {
+		case f[0] == "0" && f[1] == "":
+			base = cgroupRoot
+		case slices.Contains(strings.Split(f[1], ","), "pids"):
+			base = filepath.Join(cgroupRoot, f[1])
+		default:
+			continue
+		}
+		if r, w, ok := pidsRoomUnder(base, f[2]); ok && (!limited || r < room) {
+			room, why, limited = r, w, true
 		}
 	}
-	if !found {
-		return 0, "", false
-	}
+	return room, why, limited
+}
+
+// pidsRoomUnder is pidsRoom for one hierarchy mounted at base, the process's
+// cgroup being rel in it.
+func pidsRoomUnder(base, rel string) (int, string, bool) {
 	room, why, limited := 0, "", false
-	for dir := filepath.Join(cgroupRoot, rel); ; dir = filepath.Dir(dir) {
+	for dir := filepath.Join(base, rel); ; dir = filepath.Dir(dir) {
 		if r, ok := cgroupPidsRoom(dir); ok && (!limited || r < room) {
 			room, limited = r, true
 			why = fmt.Sprintf("the cgroup %s has pids.max %d with %d in use", dir, r+readInt(filepath.Join(dir, "pids.current")), readInt(filepath.Join(dir, "pids.current")))
 		}
-		if dir == cgroupRoot || len(dir) <= len(cgroupRoot) {
+		if dir == base || len(dir) <= len(base) {
 			break
 		}
 	}
