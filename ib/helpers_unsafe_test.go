@@ -126,6 +126,13 @@ func connectPair(t *testing.T, a *host, sdev int, b *host, rdev int) (*sendComm,
 	t.Helper()
 	l, h := listenOn(t, b, rdev)
 	defer func() { require.NoError(t, l.Close()) }()
+	return connectVia(t, a, sdev, l, h)
+}
+
+// connectVia connects a's device sdev to the listen l (handle h); the comms
+// are closed when the test ends.
+func connectVia(t *testing.T, a *host, sdev int, l nccl.Listener, h *nccl.Handle) (*sendComm, *recvComm) {
+	t.Helper()
 	var sc nccl.SendComm
 	var rc nccl.RecvComm
 	within(t, "connect/accept", func() (bool, error) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/libnccl-net-go/libnccl-net-go/ib/internal/softnic"
 	"github.com/libnccl-net-go/libnccl-net-go/ib/verbs"
+	"github.com/libnccl-net-go/libnccl-net-go/internal/golden"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -106,24 +107,10 @@ handshake connection: kept open, idle, by both comms
 // builds claiming one version would connect and then fail or corrupt data):
 // bump protoVersion in oob.go and add the new transcript to wireGolden.
 func TestWireMatchesProtoVersion(t *testing.T) {
-	want, ok := wireGolden[protoVersion]
-	require.Truef(t, ok, "no wire transcript for protoVersion %d in wireGolden; this build's:\n%s", protoVersion, strings.Join(wireTranscript(t), "\n"))
 	got := wireTranscript(t)
-	wantLines := strings.Split(strings.TrimSpace(want), "\n")
-	var diff []string
-	for i := 0; i < max(len(got), len(wantLines)); i++ {
-		g, w := "(none)", "(none)"
-		if i < len(got) {
-			g = got[i]
-		}
-		if i < len(wantLines) {
-			w = wantLines[i]
-		}
-		if g != w {
-			diff = append(diff, fmt.Sprintf("  protoVersion %d says %q\n  this build says    %q", protoVersion, w, g))
-		}
-	}
-	if len(diff) > 0 {
+	want, ok := wireGolden[protoVersion]
+	require.Truef(t, ok, "no wire transcript for protoVersion %d in wireGolden; this build's:\n%s", protoVersion, strings.Join(got, "\n"))
+	if diff := golden.Diff(want, got, fmt.Sprintf("protoVersion %d says", protoVersion), "this build says   "); len(diff) > 0 {
 		t.Fatalf("the wire differs from what protoVersion %d promises (bump protoVersion in oob.go and add this build's transcript to wireGolden):\n%s\nthis build's transcript:\n%s",
 			protoVersion, strings.Join(diff, "\n"), strings.Join(got, "\n"))
 	}
@@ -328,27 +315,7 @@ func TestOlderBuildsHelloIsRefusedWithAWarn(t *testing.T) {
 	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
 	require.ErrorIs(t, readMsg(c, &r), io.EOF, "the listener answered an older build's hello")
 	require.True(t, b.log.has(fmt.Sprintf("WARN NET/GoIB : refusing the connection from %v: its protocol version 1 is not this build's %d", c.LocalAddr(), protoVersion)), b.log.String())
-	sc, rc := connectWith(t, a, l, h)
+	sc, rc := connectVia(t, a, 0, l, h)
 	got, _ := transfer(t, sc, rc, []int{99}, []int{99})
 	require.Equal(t, pattern(99, 0), got[0][:99])
-}
-
-func connectWith(t *testing.T, a *host, l nccl.Listener, h *nccl.Handle) (*sendComm, *recvComm) {
-	t.Helper()
-	var sc nccl.SendComm
-	var rc nccl.RecvComm
-	within(t, "connect/accept", func() (bool, error) {
-		var err error
-		if sc == nil {
-			if sc, err = a.t.Connect(0, h, nccl.ConnectOptions{TrafficClass: nccl.TrafficClassUndef}); err != nil {
-				return false, err
-			}
-		}
-		if rc == nil {
-			rc, err = l.Accept()
-		}
-		return sc != nil && rc != nil, err
-	})
-	t.Cleanup(func() { _ = sc.Close(); _ = rc.Close() })
-	return sc.(*sendComm), rc.(*recvComm)
 }

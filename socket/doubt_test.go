@@ -178,14 +178,9 @@ func TestDeafEndThatWasAnsweredIsDeclaredDead(t *testing.T) {
 // peer's silence: a blip of 0.4 s (far shorter than NCCL_GO_TIMEOUT) must
 // not be a verdict.
 func TestDoubtLeftOpenOverIdleIsNoVerdict(t *testing.T) {
-	withEnv(t, map[string]string{envTimeout: "2", envNThreads: "0"})
-	tr := initLoopback(t, &captureLog{})
-	s, r := pair(t, tr)
+	s, r := deafAfterBaseline(t)
 	l := &r.live
-	_, err := l.check(clock.Now())
-	require.NoError(t, err)
-	deafen(t, &s.core)
-	_, err = sendSlice(s.live.fd, []byte{0})
+	_, err := sendSlice(s.live.fd, []byte{0})
 	require.NoError(t, err)
 	for start := time.Now(); !l.doubt; time.Sleep(time.Millisecond) {
 		require.Less(t, time.Since(start), 3*time.Second, "no doubt raised")
@@ -255,14 +250,9 @@ func TestDoubtBeforeAnyNewByteIsNoEarlyVerdict(t *testing.T) {
 // and raised no doubt; only the next retransmission, about 0.4 s later,
 // did (left open on 2026-11-29: it matters at short timeouts).
 func TestRetransmissionWithTheFINRaisesDoubt(t *testing.T) {
-	withEnv(t, map[string]string{envTimeout: "2", envNThreads: "0"})
-	tr := initLoopback(t, &captureLog{})
-	s, r := pair(t, tr)
+	s, r := deafAfterBaseline(t) // our ACKs no longer reach the sender
 	l := &r.live
-	_, err := l.check(clock.Now())
-	require.NoError(t, err)
-	deafen(t, &s.core) // our ACKs no longer reach the sender
-	_, err = sendSlice(s.live.fd, []byte{0})
+	_, err := sendSlice(s.live.fd, []byte{0})
 	require.NoError(t, err)
 	var si unix.TCPInfo
 	require.NoError(t, tcpInfo(s.live.fd, &si))
@@ -296,14 +286,9 @@ func TestRetransmissionWithTheFINRaisesDoubt(t *testing.T) {
 // After the last request completed, the same lateness is an idle spell and
 // starts afresh, as before.
 func TestStallWithARequestPendingKeepsTheOutstandingPing(t *testing.T) {
-	withEnv(t, map[string]string{envTimeout: "2", envNThreads: "0"})
-	tr := initLoopback(t, &captureLog{})
-	s, r := pair(t, tr)
+	_, r := deafAfterBaseline(t) // the ping below is never answered
 	l := &r.live
-	_, err := l.check(clock.Now())
-	require.NoError(t, err)
-	deafen(t, &s.core)                  // the ping below is never answered
-	_, err = sendSlice(l.fd, []byte{0}) // a ping of ours
+	_, err := sendSlice(l.fd, []byte{0}) // a ping of ours
 	require.NoError(t, err)
 	_, err = l.check(clock.Now())
 	require.NoError(t, err)
@@ -331,4 +316,18 @@ func TestLastRequestCompletingMarksAnIdleSpell(t *testing.T) {
 	exchange(t, s, r, 64)
 	assert.True(t, s.live.idled, "the sender's last send completed without marking an idle spell")
 	assert.True(t, r.live.idled, "the receiver's last receive completed without marking an idle spell")
+}
+
+// deafAfterBaseline connects a pair at NCCL_GO_TIMEOUT=2, runs the
+// receiver's first liveness check (its baseline), then deafens the sender:
+// from then on our ACKs and pings no longer reach it.
+func deafAfterBaseline(t *testing.T) (*sendComm, *recvComm) {
+	t.Helper()
+	withEnv(t, map[string]string{envTimeout: "2", envNThreads: "0"})
+	tr := initLoopback(t, &captureLog{})
+	s, r := pair(t, tr)
+	_, err := r.live.check(clock.Now())
+	require.NoError(t, err)
+	deafen(t, &s.core)
+	return s, r
 }

@@ -34,7 +34,7 @@ type budget struct {
 // pids.max still allows (threadroom.go): past those the Go runtime cannot
 // create a helper's thread and aborts the host process.
 func (b *budget) take(n int, log nccl.Logger, peer string) int {
-	room, why, limited := threadRoom()
+	room, why, limited := threadRoom.Get()()
 	for {
 		used := b.used.Load()
 		got := min(int64(n), b.limit-used)

@@ -60,10 +60,10 @@ func TestHelpersStayUnderTheThreadLimit(t *testing.T) {
 	require.Zero(t, helperBudget.used.Load(), "helpers left over by an earlier test")
 	helperBudget.warnedRoom.Store(false)
 	room := helperThreadReserve + 3
-	threadRoom = func() (int, string, bool) {
+	threadRoom.Set(t, func() (int, string, bool) {
 		return room, "ulimit -u (RLIMIT_NPROC) is 100 and the user runs 30 threads", true
-	}
-	t.Cleanup(func() { threadRoom = osThreadRoom; helperBudget.warnedRoom.Store(false) })
+	})
+	t.Cleanup(func() { helperBudget.warnedRoom.Store(false) })
 	withEnv(t, map[string]string{envNThreads: "4", envHelpers: "4", envInline: "0", envIdleInline: "0"})
 	log := &captureLog{}
 	tr := initLoopback(t, log)
@@ -86,16 +86,11 @@ func TestHelpersStayUnderTheThreadLimit(t *testing.T) {
 
 // pidsRoom reads the tightest pids.max of the cgroup and its ancestors.
 func TestPidsRoomReadsTheTightestCgroup(t *testing.T) {
-	root, proc := t.TempDir(), t.TempDir()
-	oldC, oldP := cgroupRoot, procRoot
-	cgroupRoot, procRoot = root, proc
-	t.Cleanup(func() { cgroupRoot, procRoot = oldC, oldP })
-	require.NoError(t, os.MkdirAll(filepath.Join(proc, "self"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(proc, "self", "cgroup"), []byte("0::/pod/ctr\n"), 0o644))
+	root, proc := fakeRoots(t)
+	writeFixture(t, filepath.Join(proc, "self", "cgroup"), "0::/pod/ctr\n")
 	for dir, v := range map[string][2]string{"pod": {"100", "90"}, "pod/ctr": {"max", "50"}} {
-		require.NoError(t, os.MkdirAll(filepath.Join(root, dir), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "pids.max"), []byte(v[0]+"\n"), 0o644))
-		require.NoError(t, os.WriteFile(filepath.Join(root, dir, "pids.current"), []byte(v[1]+"\n"), 0o644))
+		writeFixture(t, filepath.Join(root, dir, "pids.max"), v[0]+"\n")
+		writeFixture(t, filepath.Join(root, dir, "pids.current"), v[1]+"\n")
 	}
 	room, why, ok := pidsRoom()
 	require.True(t, ok)
@@ -111,14 +106,11 @@ func TestPidsRoomReadsTheTightestCgroup(t *testing.T) {
 // the host's whole thread count leaves room for every helper, it must not
 // scan /proc (a read of every process's status file per connection).
 func TestNprocRoomScansProcOnlyWhenTheLimitIsNear(t *testing.T) {
-	old := procRoot
-	t.Cleanup(func() { procRoot = old })
-	procRoot = t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(procRoot, "loadavg"), []byte("0.10 0.20 0.30 2/500 1234\n"), 0o644))
+	_, proc := fakeRoots(t)
+	writeFixture(t, filepath.Join(proc, "loadavg"), "0.10 0.20 0.30 2/500 1234\n")
 	// One process of user 1000 with 30 threads, one of user 0 with 400.
 	for pid, st := range map[string]string{"10": "Uid:\t1000\t1000\t1000\t1000\nThreads:\t30\n", "11": "Uid:\t0\t0\t0\t0\nThreads:\t400\n"} {
-		require.NoError(t, os.MkdirAll(filepath.Join(procRoot, pid), 0o755))
-		require.NoError(t, os.WriteFile(filepath.Join(procRoot, pid, "status"), []byte(st), 0o644))
+		writeFixture(t, filepath.Join(proc, pid, "status"), st)
 	}
 	room, why, ok := nprocRoomFor(100000, 1000)
 	require.True(t, ok)
@@ -131,12 +123,10 @@ func TestNprocRoomScansProcOnlyWhenTheLimitIsNear(t *testing.T) {
 }
 
 func TestSystemThreadsReadsLoadavg(t *testing.T) {
-	old := procRoot
-	t.Cleanup(func() { procRoot = old })
-	procRoot = t.TempDir()
+	_, proc := fakeRoots(t)
 	_, ok := systemThreads()
 	assert.False(t, ok, "no loadavg")
-	require.NoError(t, os.WriteFile(filepath.Join(procRoot, "loadavg"), []byte("0.10 0.20 0.30 2/500 1234\n"), 0o644))
+	writeFixture(t, filepath.Join(proc, "loadavg"), "0.10 0.20 0.30 2/500 1234\n")
 	n, ok := systemThreads()
 	require.True(t, ok)
 	assert.Equal(t, 500, n)
@@ -150,21 +140,16 @@ func TestSystemThreadsReadsLoadavg(t *testing.T) {
 // Reading only the "0::" line found no limit there, and the helpers went past
 // a docker --pids-limit.
 func TestPidsRoomReadsTheV1PidsHierarchy(t *testing.T) {
-	root, proc := t.TempDir(), t.TempDir()
-	oldC, oldP := cgroupRoot, procRoot
-	cgroupRoot, procRoot = root, proc
-	t.Cleanup(func() { cgroupRoot, procRoot = oldC, oldP })
-	require.NoError(t, os.MkdirAll(filepath.Join(proc, "self"), 0o755))
+	root, proc := fakeRoots(t)
 	require.NoError(t, os.MkdirAll(filepath.Join(root, "unified"), 0o755))
-	require.NoError(t, os.MkdirAll(filepath.Join(root, "pids"), 0o755))
 	// The container's own cgroup, mounted at the v1 hierarchy's root.
-	require.NoError(t, os.WriteFile(filepath.Join(root, "pids", "pids.max"), []byte("200\n"), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(root, "pids", "pids.current"), []byte("150\n"), 0o644))
+	writeFixture(t, filepath.Join(root, "pids", "pids.max"), "200\n")
+	writeFixture(t, filepath.Join(root, "pids", "pids.current"), "150\n")
 	for _, self := range []string{
 		"12:pids:/docker/0123abcd\n4:memory:/docker/0123abcd\n1:name=systemd:/docker/0123abcd\n",                      // v1
 		"12:pids:/docker/0123abcd\n4:memory:/docker/0123abcd\n1:name=systemd:/docker/0123abcd\n0::/docker/0123abcd\n", // hybrid
 	} {
-		require.NoError(t, os.WriteFile(filepath.Join(proc, "self", "cgroup"), []byte(self), 0o644))
+		writeFixture(t, filepath.Join(proc, "self", "cgroup"), self)
 		room, why, ok := pidsRoom()
 		require.True(t, ok, "a v1 pids limit was not found (%q)", self)
 		assert.Equal(t, 50, room)
@@ -188,19 +173,34 @@ func TestNprocRoomBoundsRootInAUserNamespace(t *testing.T) {
 		require.NoError(t, unix.Setrlimit(unix.RLIMIT_NPROC, &far))
 		t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NPROC, &lim) })
 	}
-	oldP, oldU := procRoot, getuid
-	procRoot, getuid = t.TempDir(), func() int { return 0 }
-	t.Cleanup(func() { procRoot, getuid = oldP, oldU })
-	require.NoError(t, os.MkdirAll(filepath.Join(procRoot, "self"), 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(procRoot, "loadavg"), []byte("0.10 0.20 0.30 2/500 1234\n"), 0o644))
-	uidMap := filepath.Join(procRoot, "self", "uid_map")
+	_, proc := fakeRoots(t)
+	getuid.Set(t, func() int { return 0 })
+	writeFixture(t, filepath.Join(proc, "loadavg"), "0.10 0.20 0.30 2/500 1234\n")
+	uidMap := filepath.Join(proc, "self", "uid_map")
 
-	require.NoError(t, os.WriteFile(uidMap, []byte("         0     100000      65536\n"), 0o644))
+	writeFixture(t, uidMap, "         0     100000      65536\n")
 	_, why, ok := nprocRoom()
 	assert.True(t, ok, "root of a user namespace is under ulimit -u")
 	assert.Contains(t, why, "RLIMIT_NPROC")
 
-	require.NoError(t, os.WriteFile(uidMap, []byte("         0          0 4294967295\n"), 0o644))
+	writeFixture(t, uidMap, "         0          0 4294967295\n")
 	_, _, ok = nprocRoom()
 	assert.False(t, ok, "the host's root is exempt")
+}
+
+// fakeRoots points cgroupRoot and procRoot at fresh fixture trees for the
+// test and returns them.
+func fakeRoots(t *testing.T) (cgroup, proc string) {
+	t.Helper()
+	cgroup, proc = t.TempDir(), t.TempDir()
+	cgroupRoot.Set(t, cgroup)
+	procRoot.Set(t, proc)
+	return cgroup, proc
+}
+
+// writeFixture writes a fixture file, making its directory.
+func writeFixture(t *testing.T, path, content string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
 }

@@ -232,6 +232,14 @@ func (l *liveness) check(t int64) (liveState, error) {
 	return l.alive(), nil
 }
 
+// requestDone notes that one of the comm's requests completed, leaving
+// inUse pending: the last one starts an idle spell (idled).
+func (l *liveness) requestDone(inUse int) {
+	if inUse == 0 {
+		l.idled = true
+	}
+}
+
 // finReceived reports whether a TCP state is one reached only after the
 // peer's FIN arrived. CLOSE is not: a reset leads there too.
 func finReceived(state uint8) bool {

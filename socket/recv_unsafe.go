@@ -384,9 +384,7 @@ func (r *recvComm) Test(req nccl.Request, sizes []int) (bool, error) {
 			copy(sizes, q.sizes[:q.n])
 		}
 		r.reqs.Put(int(req))
-		if r.reqs.InUse() == 0 {
-			r.live.idled = true
-		}
+		r.live.requestDone(r.reqs.InUse())
 		return err == nil, err
 	}
 	if err := r.failed(); err != nil {

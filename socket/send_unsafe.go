@@ -196,11 +196,8 @@ func (s *sendComm) DeregMr(mh nccl.MemHandle) error { return s.deregMr(mh) }
 // receiver however its bytes end, so no stream is worth keeping.
 func (s *sendComm) Close() error { return s.close(s.reqs.InUse() == 0) }
 
-// complete returns a finished send's request; the last one marks an idle
-// spell for the liveness check (live.go).
+// complete returns a finished send's request.
 func (s *sendComm) complete(id int) {
 	s.reqs.Put(id)
-	if s.reqs.InUse() == 0 {
-		s.live.idled = true
-	}
+	s.live.requestDone(s.reqs.InUse())
 }

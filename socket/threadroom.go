@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/libnccl-net-go/libnccl-net-go/internal/testhook"
 )
 
 // The OS's own bounds on threads: RLIMIT_NPROC (ulimit -u, counted over every
@@ -27,15 +29,15 @@ const helperThreadReserve = 64
 
 // threadRoom is how many more threads this process may start under the
 // limits it has, and which limit that is; limited is false when neither
-// RLIMIT_NPROC nor a cgroup pids.max applies. Tests replace it.
-var threadRoom = osThreadRoom
+// RLIMIT_NPROC nor a cgroup pids.max applies.
+var threadRoom = testhook.New(osThreadRoom)
 
-// cgroupRoot and procRoot are where the cgroup v2 hierarchy and procfs are
-// mounted (tests point them at fixtures).
+// getuid is the process's uid; cgroupRoot and procRoot are where the cgroup
+// hierarchies and procfs are mounted (tests point them at fixture trees).
 var (
-	getuid     = os.Getuid
-	cgroupRoot = "/sys/fs/cgroup"
-	procRoot   = "/proc"
+	getuid     = testhook.New(os.Getuid)
+	cgroupRoot = testhook.New("/sys/fs/cgroup")
+	procRoot   = testhook.New("/proc")
 )
 
 func osThreadRoom() (room int, why string, limited bool) {
@@ -59,7 +61,7 @@ func nprocRoom() (int, string, bool) {
 	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &lim); err != nil || lim.Cur == unix.RLIM_INFINITY {
 		return 0, "", false
 	}
-	uid := getuid()
+	uid := getuid.Get()()
 	if uid == 0 && rootIsHostRoot() {
 		return 0, "", false
 	}
@@ -70,7 +72,7 @@ func nprocRoom() (int, string, bool) {
 // its user namespace maps 0 to 0 (the initial namespace reads
 // "0 0 4294967295"). Without the file (no user namespaces) it is.
 func rootIsHostRoot() bool {
-	b, err := os.ReadFile(filepath.Join(procRoot, "self", "uid_map"))
+	b, err := os.ReadFile(filepath.Join(procRoot.Get(), "self", "uid_map"))
 	if err != nil {
 		return true
 	}
@@ -99,7 +101,7 @@ func nprocRoomFor(limit, uid int) (int, string, bool) {
 // systemThreads is the number of threads on the host (the fourth field of
 // /proc/loadavg, "running/total").
 func systemThreads() (int, bool) {
-	b, err := os.ReadFile(filepath.Join(procRoot, "loadavg"))
+	b, err := os.ReadFile(filepath.Join(procRoot.Get(), "loadavg"))
 	if err != nil {
 		return 0, false
 	}
@@ -118,7 +120,7 @@ func systemThreads() (int, bool) {
 // userTasks counts the threads of every process the user owns (each counts
 // against RLIMIT_NPROC). Read at connection set-up, never on the data path.
 func userTasks(uid int) int {
-	ents, err := os.ReadDir(procRoot)
+	ents, err := os.ReadDir(procRoot.Get())
 	if err != nil {
 		return 0
 	}
@@ -127,18 +129,18 @@ func userTasks(uid int) int {
 		if e.Name()[0] < '0' || e.Name()[0] > '9' {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "status"))
+		b, err := os.ReadFile(filepath.Join(procRoot.Get(), e.Name(), "status"))
 		if err != nil {
 			continue
 		}
 		var owner, threads = -1, 0
 		for _, line := range bytes.Split(b, []byte{'\n'}) {
-			if f := strings.Fields(string(line)); len(f) >= 2 {
-				switch f[0] {
+			if f := bytes.Fields(line); len(f) >= 2 {
+				switch string(f[0]) {
 				case "Uid:":
-					owner, _ = strconv.Atoi(f[1])
+					owner, _ = strconv.Atoi(string(f[1]))
 				case "Threads:":
-					threads, _ = strconv.Atoi(f[1])
+					threads, _ = strconv.Atoi(string(f[1]))
 				}
 			}
 		}
@@ -157,11 +159,11 @@ func userTasks(uid int) int {
 // is the host's while the container has its own cgroup mounted at the
 // hierarchy's root: the walk up to that root finds it.
 func pidsRoom() (int, string, bool) {
-	b, err := os.ReadFile(filepath.Join(procRoot, "self", "cgroup"))
+	b, err := os.ReadFile(filepath.Join(procRoot.Get(), "self", "cgroup"))
 	if err != nil {
 		return 0, "", false
 	}
-	room, why, limited := 0, "", false
+	room, why, limited, root := 0, "", false, cgroupRoot.Get()
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.SplitN(line, ":", 3)
 		if len(f) != 3 {
@@ -170,9 +172,9 @@ func pidsRoom() (int, string, bool) {
 		var base string
 		switch {
 		case f[0] == "0" && f[1] == "":
-			base = cgroupRoot
+			base = root
 		case slices.Contains(strings.Split(f[1], ","), "pids"):
-			base = filepath.Join(cgroupRoot, f[1])
+			base = filepath.Join(root, f[1])
 		default:
 			continue
 		}
@@ -188,9 +190,9 @@ func pidsRoom() (int, string, bool) {
 func pidsRoomUnder(base, rel string) (int, string, bool) {
 	room, why, limited := 0, "", false
 	for dir := filepath.Join(base, rel); ; dir = filepath.Dir(dir) {
-		if r, ok := cgroupPidsRoom(dir); ok && (!limited || r < room) {
-			room, limited = r, true
-			why = fmt.Sprintf("the cgroup %s has pids.max %d with %d in use", dir, r+readInt(filepath.Join(dir, "pids.current")), readInt(filepath.Join(dir, "pids.current")))
+		if max, cur, ok := cgroupPids(dir); ok && (!limited || max-cur < room) {
+			room, limited = max-cur, true
+			why = fmt.Sprintf("the cgroup %s has pids.max %d with %d in use", dir, max, cur)
 		}
 		if dir == base || len(dir) <= len(base) {
 			break
@@ -199,20 +201,18 @@ func pidsRoomUnder(base, rel string) (int, string, bool) {
 	return room, why, limited
 }
 
-func cgroupPidsRoom(dir string) (int, bool) {
+// cgroupPids reads a cgroup's pids.max and pids.current; ok is false when it
+// has no limit of its own ("max", or no pids controller there).
+func cgroupPids(dir string) (max, cur int, ok bool) {
 	b, err := os.ReadFile(filepath.Join(dir, "pids.max"))
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	s := strings.TrimSpace(string(b))
-	if s == "max" {
-		return 0, false
+	max, err = strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil { // "max"
+		return 0, 0, false
 	}
-	max, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, false
-	}
-	return max - readInt(filepath.Join(dir, "pids.current")), true
+	return max, readInt(filepath.Join(dir, "pids.current")), true
 }
 
 func readInt(path string) int {

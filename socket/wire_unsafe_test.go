@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/libnccl-net-go/libnccl-net-go/internal/golden"
 	"github.com/libnccl-net-go/libnccl-net-go/nccl"
 )
 
@@ -48,21 +49,7 @@ func TestWireMatchesProtoVersion(t *testing.T) {
 	got := wireTranscript(t)
 	want, ok := wireGolden[protoVersion]
 	require.Truef(t, ok, "no wire transcript for protoVersion %d in wireGolden; this build's:\n%s", protoVersion, strings.Join(got, "\n"))
-	wl := strings.Split(strings.TrimSpace(want), "\n")
-	var diff []string
-	for i := 0; i < max(len(got), len(wl)); i++ {
-		g, w := "(none)", "(none)"
-		if i < len(got) {
-			g = got[i]
-		}
-		if i < len(wl) {
-			w = wl[i]
-		}
-		if g != w {
-			diff = append(diff, fmt.Sprintf("  protoVersion %d says %q\n  this build says    %q", protoVersion, w, g))
-		}
-	}
-	if len(diff) > 0 {
+	if diff := golden.Diff(want, got, fmt.Sprintf("protoVersion %d says", protoVersion), "this build says   "); len(diff) > 0 {
 		t.Fatalf("the wire differs from what protoVersion %d promises (bump protoVersion in handle.go and add this build's transcript to wireGolden):\n%s\nthis build's transcript:\n%s",
 			protoVersion, strings.Join(diff, "\n"), strings.Join(got, "\n"))
 	}
