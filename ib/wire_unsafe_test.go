@@ -137,16 +137,6 @@ func le(v any) []byte {
 	return b.Bytes()
 }
 
-func hx(b []byte, cuts ...int) string {
-	var parts []string
-	prev := 0
-	for _, c := range append(cuts, len(b)) {
-		parts = append(parts, hex.EncodeToString(b[prev:c]))
-		prev = c
-	}
-	return strings.Join(parts, " ")
-}
-
 // wireTranscript describes, one line per item, every message and rule of the
 // wire with fixed inputs.
 func wireTranscript(t *testing.T) []string {
@@ -156,9 +146,9 @@ func wireTranscript(t *testing.T) []string {
 
 	var h nccl.Handle
 	writeHandle(&h, handleInfo{magic: 0x1122334455667788, secret: 0x99aabbccddeeff00, addr: netip.MustParseAddrPort("192.0.2.7:4791")})
-	add("handle: %s", hx(h[:56], 8, 16, 17, 18, 20, 40, 48))
-	add("hello: %s", hx(le(&hello{Magic: 0x1122334455667788, Type: socketTypeNetIB, Version: protoVersion, Secret: 0x99aabbccddeeff00, NDevs: 2, LinkLayer: 1}), 8, 12, 16, 24, 28))
-	add("helloReply: %s", hx(le(&helloReply{NDevs: 2, LinkLayer: 1}), 4, 8, 12))
+	add("handle: %s", golden.Hex(h[:56], 8, 16, 17, 18, 20, 40, 48))
+	add("hello: %s", golden.Hex(le(&hello{Magic: 0x1122334455667788, Type: socketTypeNetIB, Version: protoVersion, Secret: 0x99aabbccddeeff00, NDevs: 2, LinkLayer: 1}), 8, 12, 16, 24, 28))
+	add("helloReply: %s", golden.Hex(le(&helloReply{NDevs: 2, LinkLayer: 1}), 4, 8, 12))
 	m := connMeta{NDevs: 2, NQPs: 3, NDataQPs: 2, Split: 1, Addr: 0x7f0000001000, TC: 106, SL: 3}
 	for i := range m.Devs[:2] {
 		m.Devs[i] = devMeta{LID: uint16(10 + i), LinkLayer: 2, MTU: 5, Port: 1, RKey: uint32(0x100 + i)}
@@ -175,7 +165,7 @@ func wireTranscript(t *testing.T) []string {
 	e := ctsEntry{Addr: 0x1000, Size: 0x2000, Tag: 7, NReqs: 2, Idx: 5}
 	e.RKeys[0], e.RKeys[1] = 0xa1, 0xa2
 	eb := unsafe.Slice((*byte)(unsafe.Pointer(&e)), unsafe.Sizeof(e))
-	add("ctsEntry: %s", hx(eb, 8, 16, 48, 52, 56))
+	add("ctsEntry: %s", golden.Hex(eb, 8, 16, 48, 52, 56))
 	add("cts layout: %d slots x %d entries x %d bytes; completion records %d x %d x int32", maxRequests, maxRecvs, ctsEntrySize, maxRequests, maxRecvs)
 
 	verdict := func(ents *[maxRecvs]ctsEntry, idx uint64) string {

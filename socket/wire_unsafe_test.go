@@ -1,7 +1,6 @@
 package socket
 
 import (
-	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -55,16 +54,6 @@ func TestWireMatchesProtoVersion(t *testing.T) {
 	}
 }
 
-func wireHex(b []byte, cuts ...int) string {
-	var parts []string
-	prev := 0
-	for _, c := range append(cuts, len(b)) {
-		parts = append(parts, hex.EncodeToString(b[prev:c]))
-		prev = c
-	}
-	return strings.Join(parts, " ")
-}
-
 func wireTranscript(t *testing.T) []string {
 	t.Helper()
 	var out []string
@@ -76,7 +65,7 @@ func wireTranscript(t *testing.T) []string {
 	var h nccl.Handle
 	encodeHandle(&h, &handleInfo{magic: 0x1122334455667788, version: protoVersion, addr: netip.MustParseAddrPort("192.0.2.7:4791"),
 		streams: 4, minChunk: 65536, secret: secret})
-	add("handle: %s", wireHex(h[:56], 8, 10, 11, 12, 14, 16, 32, 36, 40))
+	add("handle: %s", golden.Hex(h[:56], 8, 10, 11, 12, 14, 16, 32, 36, 40))
 	var b [helloLen]byte
 	for _, c := range []struct {
 		name  string
@@ -84,12 +73,12 @@ func wireTranscript(t *testing.T) []string {
 	}{{"control", ctrlIndex}, {"liveness", beatIndex}, {"data 3", 3}} {
 		m := hello{magic: 0x1122334455667788, version: protoVersion, index: c.index, streams: 4, secret: secret, connID: 0xefcdab8967452301}
 		m.encode(b[:])
-		add("hello %s: %s", c.name, wireHex(b[:], 8, 10, 11, 12, 16, 32))
+		add("hello %s: %s", c.name, golden.Hex(b[:], 8, 10, 11, 12, 16, 32))
 	}
 	// The header as Isend writes it (send_unsafe.go), for message 5.
 	var hd [hdrLen]byte
 	putHeader(hd[:], 131072, 0, 7, 5)
-	add("header: %s", wireHex(hd[:], 4, 8, 12))
+	add("header: %s", golden.Hex(hd[:], 4, 8, 12))
 	if m, err := parseHeader(hd[:], 5, 4); err == nil {
 		add("parseHeader seq 5: size %d inline %d tag %d", m.size, m.ctrlLen, m.tag)
 	} else {

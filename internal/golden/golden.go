@@ -4,6 +4,7 @@
 package golden
 
 import (
+	"encoding/hex"
 	"fmt"
 	"strings"
 )
@@ -28,4 +29,16 @@ func Diff(want string, got []string, wantSays, gotSays string) []string {
 		}
 	}
 	return diff
+}
+
+// Hex writes b in hex, a space at each offset in cuts (ascending), so that a
+// message's fields read apart in a transcript.
+func Hex(b []byte, cuts ...int) string {
+	var parts []string
+	prev := 0
+	for _, c := range append(cuts, len(b)) {
+		parts = append(parts, hex.EncodeToString(b[prev:c]))
+		prev = c
+	}
+	return strings.Join(parts, " ")
 }
